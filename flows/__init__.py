@@ -1,0 +1,1 @@
+"""Prefect flows (the DAGs), their parameter models, and the ``tokenlake`` CLI."""

@@ -1,0 +1,1 @@
+"""One module per ``tokenlake`` command group; each exposes ``register(subparsers)``."""

@@ -1,0 +1,1 @@
+"""Pure-PyTorch training: model, loader, checkpoints, loop. Never imports Prefect."""
