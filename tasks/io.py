@@ -98,6 +98,15 @@ class StageReport:
         return asdict(self) | {"rejected_total": self.rejected_total}
 
 
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage task returns to the flow: the commit that ended it and its report."""
+
+    stage: str
+    commit_id: str
+    report: dict[str, Any]
+
+
 class PartWriter:
     """Writes a stream of Arrow tables as ``<prefix>/part-NNNNN.parquet`` of about ``rows_per_part`` rows."""
 
