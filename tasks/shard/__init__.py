@@ -1,0 +1,1 @@
+"""The shard stage: tokenizer, packing, manifest gate, verification; Prefect task in ``tasks.shard.task``."""
