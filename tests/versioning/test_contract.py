@@ -61,6 +61,8 @@ def test_unknown_ref_is_not_found_naming_it(repo: DataRepo, ref: str):
         repo.resolve(ref)
     with pytest.raises(NotFound, match=re.escape(ref[:12])):
         repo.get(ref, "a.txt")
+    with pytest.raises(NotFound, match=re.escape(ref[:12])):
+        repo.exists(ref, "a.txt")  # an unknown ref is an error, not an absent object
 
 
 # branches
@@ -293,6 +295,19 @@ def test_merge_conflict_lists_the_paths_and_changes_nothing(repo: DataRepo):
     assert repo.get("main", "b") == b"main"
 
 
+def test_repeated_merges_use_the_newest_base(repo: DataRepo):
+    commit_files(repo, "main", {"f": b"0"})
+    repo.create_branch("dev", "main")
+    commit_files(repo, "dev", {"f": b"1"})
+    repo.merge("dev", "main")
+    commit_files(repo, "dev", {"f": b"2"})  # against the root this would be a conflict
+    repo.merge("dev", "main")
+    assert repo.get("main", "f") == b"2"
+    commit_files(repo, "main", {"g": b"main"})
+    repo.merge("main", "dev")
+    assert contents(repo, "dev") == {"f": b"2", "g": b"main"}
+
+
 def test_merge_into_a_dirty_branch_is_a_conflict(repo: DataRepo):
     repo.create_branch("dev", "main")
     commit_files(repo, "dev", {"x": b"x"})
@@ -325,6 +340,16 @@ def test_revert_a_merge_commit_against_its_first_parent(repo: DataRepo):
     repo.revert("main", merge_id, parent_number=1)
     assert contents(repo, "main") == {"base": b"b", "from-main": b"m"}
     assert len(list(repo.log("main"))) == len(list(repo.log(merge_id))) + 1
+
+
+def test_revert_conflicting_with_a_later_change(repo: DataRepo):
+    commit_files(repo, "main", {"a": b"1"})
+    bad = commit_files(repo, "main", {"a": b"2"})
+    later = commit_files(repo, "main", {"a": b"3"})
+    with pytest.raises(Conflict):
+        repo.revert("main", bad)
+    assert repo.resolve("main") == later
+    assert repo.get("main", "a") == b"3"
 
 
 def test_reset_hard_drops_later_commits_and_staged_changes(repo: DataRepo):

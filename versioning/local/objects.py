@@ -1,10 +1,16 @@
 """Content-addressed object files: ``objects/ab/cdef...`` named by the sha256 of the bytes.
 
-A write streams its source in large chunks into a temp file under ``objects/tmp``
-while a second thread hashes the same chunk (hashlib releases the GIL), fsyncs it,
-then renames it to its content address. A reader therefore sees a complete object
-or none; a crash leaves at most an orphan temp file, swept when the repository is
-next ensured by a process that outlives the writer.
+A write goes to a temp file under ``objects/tmp``, is fsynced, then renamed to its
+content address, so a reader sees a complete object or none; a crash leaves at most an
+orphan temp file, swept when the repository is next ensured.
+
+Speed (the write is bounded by sha256 at ~1.5 GB/s, a page-cache copy runs faster):
+a file is copied by the kernel (``copy_file_range``, no user-space copy) while a
+worker thread hashes each chunk *of the temp file* just written (hashlib releases the
+GIL), so the digest always describes the stored bytes even if the source changes
+under us; ``sync_file_range`` starts writeback per chunk so the final fdatasync
+waits on little. Other streams go through two alternating buffers: one is hashed
+while the other is written and refilled.
 """
 
 from __future__ import annotations
@@ -12,22 +18,35 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import hashlib
 import io
+import mmap
 import os
 import secrets
+import stat
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from versioning.port import InvalidPath, NotFound, PutSource
 
 CHUNK_BYTES = 8 << 20
-FIRST_READ_BYTES = 256 << 10  # small objects never allocate the large buffers
-_TEMP_SUFFIX = ".tmp"
+SMALL_BYTES = 1 << 20  # below this, one read and an inline hash beat any threading
+_MAX_QUEUED_HASHES = 8
+_KERNEL_COPY_UNSUPPORTED = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF}
 
 ReadInto = Callable[[memoryview], int | None]
+
+
+class _Digest(Protocol):
+    def update(self, data: bytes | memoryview | mmap.mmap, /) -> None: ...
+
+
+class _KernelCopyUnsupported(Exception):
+    """copy_file_range cannot copy between these two files; stream through user space."""
 
 
 class ObjectStore:
@@ -55,23 +74,26 @@ class ObjectStore:
     def write(self, data: PutSource) -> tuple[str, int]:
         """Store ``data``; returns (sha256 hex, size). Streams files and file objects."""
         if isinstance(data, bytes | bytearray | memoryview):
-            return self._write_buffer(
-                memoryview(data).cast("B") if memoryview(data).contiguous else bytes(data)
-            )
+            view = memoryview(data)
+            return self._write_buffer(view.cast("B") if view.contiguous else memoryview(bytes(view)))
         if isinstance(data, str | os.PathLike):
             try:
                 with open(data, "rb", buffering=0) as source:
-                    return self._write_stream(source.readinto)
+                    return self._write_file(source.fileno(), 0, source.readinto)
             except FileNotFoundError:
                 raise NotFound(f"source file {os.fspath(data)!r} does not exist") from None
             except IsADirectoryError:
                 raise InvalidPath(f"source {os.fspath(data)!r} is a directory, not a file") from None
         if isinstance(data, io.TextIOBase):
             raise InvalidPath("put needs bytes, a binary file object or a file path; got a text-mode file")
-        if hasattr(data, "readinto"):
-            return self._write_stream(data.readinto)
-        if hasattr(data, "read"):
-            return self._write_stream(_readinto_from_read(data))
+        if hasattr(data, "readinto") or hasattr(data, "read"):
+            readinto = data.readinto if hasattr(data, "readinto") else _readinto_from_read(data)
+            start = _regular_file_offset(data)
+            if start is None:
+                return self._store(lambda fd: _copy_stream_hashing(readinto, fd, self.durable))
+            sha256, size = self._write_file(data.fileno(), start, readinto)
+            data.seek(start + size)  # leave the file object where a full read would
+            return sha256, size
         raise InvalidPath(f"put needs bytes, a binary file object or a file path; got {type(data).__name__}")
 
     def sweep_temp_files(self) -> int:
@@ -86,59 +108,139 @@ class ObjectStore:
                 removed += 1
         return removed
 
-    def _write_buffer(self, view: memoryview | bytes) -> tuple[str, int]:
-        sha256 = hashlib.sha256(view).hexdigest()
-        if not self.path(sha256).exists():  # same bytes already stored: nothing to write
-            fd, temp = self._temp_file()
+    def _write_buffer(self, view: memoryview) -> tuple[str, int]:
+        if len(view) < SMALL_BYTES:
+            sha256 = hashlib.sha256(view).hexdigest()
+            if self.path(sha256).exists():  # these bytes are stored already
+                return sha256, len(view)
+
+            def fill(fd: int) -> tuple[str, int]:
+                _write_all(fd, view)
+                return sha256, len(view)
+
+            return self._store(fill)
+
+        def fill_hashing(fd: int) -> tuple[str, int]:
+            digest = hashlib.sha256()
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenlake-hash") as hasher:
+                hashed = hasher.submit(digest.update, view)
+                _write_all(fd, view)
+                hashed.result()
+            return digest.hexdigest(), len(view)
+
+        return self._store(fill_hashing)
+
+    def _write_file(self, source_fd: int, start: int, readinto: ReadInto) -> tuple[str, int]:
+        """A regular file from offset ``start``: kernel copy when possible."""
+
+        def fill(fd: int) -> tuple[str, int]:
             try:
-                _write_all(fd, memoryview(view))
-                self._finish(fd, temp, sha256)
-            except BaseException:
-                _discard(fd, temp)
-                raise
-        return sha256, len(view)
+                return _copy_file_hashing(source_fd, start, fd, self.durable)
+            except _KernelCopyUnsupported:
+                os.lseek(source_fd, start, os.SEEK_SET)
+                return _copy_stream_hashing(readinto, fd, self.durable)
 
-    def _write_stream(self, readinto: ReadInto) -> tuple[str, int]:
-        fd, temp = self._temp_file()
-        try:
-            sha256, size = _copy_hashing(readinto, fd, start_writeback=self.durable)
-            self._finish(fd, temp, sha256)
-        except BaseException:
-            _discard(fd, temp)
-            raise
-        return sha256, size
+        return self._store(fill)
 
-    def _temp_file(self) -> tuple[int, str]:
-        temp = str(self.temp_dir / f"{os.getpid()}-{secrets.token_hex(8)}{_TEMP_SUFFIX}")
+    def _store(self, fill: Callable[[int], tuple[str, int]]) -> tuple[str, int]:
+        """Run ``fill`` on a fresh temp file, then publish the file under its digest."""
+        temp = str(self.temp_dir / f"{os.getpid()}-{secrets.token_hex(8)}.tmp")
         try:
-            return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444), temp
+            fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o444)
         except FileNotFoundError:
             raise NotFound(
                 f"object store {self.dir} is missing: create the repository with ensure()"
             ) from None
+        try:
+            sha256, size = fill(fd)
+            if self.durable:
+                os.fdatasync(fd)
+            os.close(fd)
+            final = self.path(sha256)
+            if final.exists():
+                os.unlink(temp)
+            else:
+                os.rename(temp, final)
+                if self.durable:
+                    _fsync_dir(final.parent)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        return sha256, size
 
-    def _finish(self, fd: int, temp: str, sha256: str) -> None:
-        """Make the temp file durable, then give it its content address atomically."""
-        if self.durable:
-            os.fdatasync(fd)
-        os.close(fd)
-        final = self.path(sha256)
-        if final.exists():
-            os.unlink(temp)
-            return
-        os.rename(temp, final)
-        if self.durable:
-            _fsync_dir(final.parent)
+
+def _regular_file_offset(source: object) -> int | None:
+    """The logical position of a file object backed by a regular file, else None."""
+    try:
+        fileno = source.fileno()  # type: ignore[attr-defined]
+        if not stat.S_ISREG(os.fstat(fileno).st_mode) or not source.seekable():  # type: ignore[attr-defined]
+            return None
+        if source.writable():  # type: ignore[attr-defined]
+            source.flush()  # type: ignore[attr-defined]
+        return source.tell()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
 
 
-def _copy_hashing(readinto: ReadInto, fd: int, start_writeback: bool) -> tuple[str, int]:
-    """Copy a stream into ``fd`` while a worker thread hashes each chunk just written.
+def _copy_file_hashing(source_fd: int, start: int, fd: int, start_writeback: bool) -> tuple[str, int]:
+    head = os.pread(source_fd, SMALL_BYTES, start)
+    if len(head) < SMALL_BYTES:
+        if os.pread(source_fd, 1, start + len(head)):  # grew meanwhile: take the general path
+            raise _KernelCopyUnsupported
+        _write_all(fd, memoryview(head))
+        return hashlib.sha256(head).hexdigest(), len(head)
+    digest = hashlib.sha256()
+    size = 0
+    queued: deque[Future[None]] = deque()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenlake-hash") as hasher:
+        try:
+            while n := _kernel_copy(source_fd, fd, start + size, size, CHUNK_BYTES):
+                queued.append(hasher.submit(_hash_file_range, digest, fd, size, n))
+                if start_writeback:
+                    _start_writeback(fd, size, n)
+                size += n
+                while len(queued) > _MAX_QUEUED_HASHES:
+                    queued.popleft().result()
+        finally:
+            while queued:
+                queued.popleft().result()
+    return digest.hexdigest(), size
+
+
+def _kernel_copy(source_fd: int, fd: int, source_offset: int, offset: int, count: int) -> int:
+    """Copy up to ``count`` bytes (fewer only at the end of the source); 0 at the end."""
+    if not hasattr(os, "copy_file_range"):
+        raise _KernelCopyUnsupported
+    copied = 0
+    while copied < count:
+        try:
+            n = os.copy_file_range(source_fd, fd, count - copied, source_offset + copied, offset + copied)
+        except OSError as exc:
+            if offset + copied == 0 and exc.errno in _KERNEL_COPY_UNSUPPORTED:
+                raise _KernelCopyUnsupported from exc
+            raise
+        if n == 0:
+            break
+        copied += n
+    return copied
+
+
+def _hash_file_range(digest: _Digest, fd: int, offset: int, length: int) -> None:
+    with mmap.mmap(fd, length, offset=offset, access=mmap.ACCESS_READ) as mapped:
+        digest.update(mapped)
+
+
+def _copy_stream_hashing(readinto: ReadInto, fd: int, start_writeback: bool) -> tuple[str, int]:
+    """Copy a stream into ``fd`` while a worker thread hashes each chunk just read.
 
     Two buffers alternate: the worker hashes one while this thread writes it and then
     reads the next chunk into the other, so hashing overlaps the IO instead of adding to it.
     """
     digest = hashlib.sha256()
-    first = memoryview(bytearray(FIRST_READ_BYTES))
+    first = memoryview(bytearray(SMALL_BYTES))
     n = _fill(readinto, first)
     if n < len(first):  # the whole object fit in one read
         digest.update(first[:n])
@@ -157,8 +259,9 @@ def _copy_hashing(readinto: ReadInto, fd: int, start_writeback: bool) -> tuple[s
                     _start_writeback(fd, size, n)
                 size += n
                 slot ^= 1
-                if pending[slot] is not None:
-                    pending[slot].result()  # type: ignore[union-attr]
+                waiting = pending[slot]
+                if waiting is not None:
+                    waiting.result()
                     pending[slot] = None
                 if len(buffers[slot]) < CHUNK_BYTES:
                     buffers[slot] = memoryview(bytearray(CHUNK_BYTES))
@@ -199,13 +302,6 @@ def _readinto_from_read(source: BinaryIO) -> ReadInto:
 def _write_all(fd: int, view: memoryview) -> None:
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _discard(fd: int, temp: str) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(temp)
 
 
 def _fsync_dir(path: Path) -> None:

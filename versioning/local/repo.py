@@ -44,6 +44,7 @@ from versioning.port import (
     NotFound,
     ObjectStat,
     PutSource,
+    RepoError,
     validate_branch,
     validate_metadata,
     validate_path,
@@ -149,7 +150,10 @@ class LocalRepo:
         validate_path(path)
         with self._db.read() as conn:
             self._branch_head(conn, branch)  # fail before copying gigabytes to a missing branch
-        sha256, size = self._objects.write(data)
+        try:
+            sha256, size = self._objects.write(data)
+        except OSError as exc:
+            raise RepoError(f"storing {path!r} on branch {branch!r} failed: {exc}") from exc
         mtime = time.time()
         with self._db.write() as conn:
             self._branch_head(conn, branch)

@@ -1,0 +1,264 @@
+"""What only the local adapter promises: its on-disk layout, streaming, threads, trees."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from versioning import Conflict, InvalidPath, NotFound, RepoError, open_repo
+from versioning.local import LocalRepo, objects
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> LocalRepo:
+    repo = LocalRepo(tmp_path / "repo")
+    repo.ensure()
+    return repo
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of a few KiB, so small test objects cross many chunk boundaries."""
+    monkeypatch.setattr(objects, "CHUNK_BYTES", 8192)
+    monkeypatch.setattr(objects, "SMALL_BYTES", 4096)
+
+
+def blob_files(repo: LocalRepo) -> list[Path]:
+    return [p for p in (repo.root / "objects").glob("??/*") if p.is_file()]
+
+
+def test_objects_are_stored_once_under_their_sha256(local: LocalRepo):
+    data = b"content-addressed"
+    digest = hashlib.sha256(data).hexdigest()
+    assert local.put("main", "a", data).checksum == digest
+    local.put("main", "b/c", data)
+    local.commit("main", "twice the same bytes")
+    blob = local.root / "objects" / digest[:2] / digest[2:]
+    assert blob_files(local) == [blob]
+    assert blob.read_bytes() == data
+    assert not blob.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    assert list((local.root / "objects" / "tmp").iterdir()) == []
+    assert local.open("main", "b/c").name == str(blob)  # a real file on the blob, not a copy
+
+
+def test_name_defaults_to_the_sanitised_directory_name(tmp_path: Path):
+    assert LocalRepo(tmp_path / "My Data_Set.v2").name == "my-data-set-v2"
+    assert LocalRepo(tmp_path / "x").name == "x-repo"
+    assert LocalRepo(tmp_path / "__").name == "repo"
+    assert LocalRepo(tmp_path / "any", name="curated").name == "curated"
+    with pytest.raises(InvalidPath, match="Bad_Name"):
+        LocalRepo(tmp_path / "any", name="Bad_Name")
+
+
+def test_a_missing_repository_says_to_ensure_it(tmp_path: Path):
+    repo = LocalRepo(tmp_path / "absent")
+    with pytest.raises(NotFound, match="ensure"):
+        repo.list_branches()
+    assert not (tmp_path / "absent").exists()  # reading never creates anything
+
+
+def test_open_repo_opens_a_local_directory(tmp_path: Path):
+    repo = open_repo(str(tmp_path / "via-spec"))
+    assert isinstance(repo, LocalRepo)
+    assert list(repo.list_branches()) == ["main"]
+
+
+def test_ensure_refuses_a_file_in_the_way(tmp_path: Path):
+    (tmp_path / "file").write_text("not a repository")
+    with pytest.raises(Conflict, match="not a directory"):
+        LocalRepo(tmp_path / "file").ensure()
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_streams_cross_chunk_boundaries(tmp_path: Path, small_chunks: None, durable: bool):
+    repo = LocalRepo(tmp_path / "repo", durable=durable)
+    repo.ensure()
+    data = os.urandom(100_003)
+    source = tmp_path / "source"
+    source.write_bytes(data)
+    repo.put("main", "from-path", source)
+    repo.put("main", "from-bytes", data)
+    repo.put("main", "from-bytesio", io.BytesIO(data))
+    repo.put("main", "short-reads", _TrickleReader(data))
+    with open(source, "rb") as handle:
+        handle.read(3)  # a file object is stored from its current position
+        repo.put("main", "from-offset", handle)
+        assert handle.tell() == len(data)
+    assert {s.path: s.checksum for s in repo.list("main")} == {
+        "from-bytes": hashlib.sha256(data).hexdigest(),
+        "from-bytesio": hashlib.sha256(data).hexdigest(),
+        "from-offset": hashlib.sha256(data[3:]).hexdigest(),
+        "from-path": hashlib.sha256(data).hexdigest(),
+        "short-reads": hashlib.sha256(data).hexdigest(),
+    }
+    assert repo.get("main", "from-offset") == data[3:]
+    assert repo.get("main", "short-reads") == data
+
+
+def test_falls_back_when_the_kernel_cannot_copy(
+    local: LocalRepo, tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch
+):
+    def unsupported(*args: object) -> int:
+        raise OSError(errno.EXDEV, "cross-device copy not supported")
+
+    monkeypatch.setattr(os, "copy_file_range", unsupported)
+    data = os.urandom(50_000)
+    (tmp_path / "source").write_bytes(data)
+    assert local.put("main", "x", tmp_path / "source").checksum == hashlib.sha256(data).hexdigest()
+    assert local.get("main", "x") == data
+
+
+class _TrickleReader(io.RawIOBase):
+    """A stream that returns at most 1000 bytes per read, as pipes and sockets do."""
+
+    def __init__(self, data: bytes):
+        self._data = memoryview(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        n = min(len(buffer), 1000, len(self._data))
+        buffer[:n] = self._data[:n]
+        self._data = self._data[n:]
+        return n
+
+
+@pytest.mark.parametrize(
+    ("source", "error", "match"),
+    [
+        (io.StringIO("text"), InvalidPath, "text-mode"),
+        (12345, InvalidPath, "int"),
+        ("/no/such/file", NotFound, "/no/such/file"),
+    ],
+)
+def test_bad_put_sources_are_refused_clearly(local: LocalRepo, source: object, error: type, match: str):
+    with pytest.raises(error, match=match):
+        local.put("main", "x", source)  # type: ignore[arg-type]
+    assert not local.exists("main", "x")
+
+
+def test_a_directory_is_not_a_put_source(local: LocalRepo, tmp_path: Path):
+    with pytest.raises(InvalidPath, match="directory"):
+        local.put("main", "x", tmp_path)
+
+
+def test_a_failed_put_leaves_no_temp_file(local: LocalRepo):
+    class Broken(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+            raise OSError("disk unplugged")
+
+    with pytest.raises(RepoError, match="unplugged") as caught:
+        local.put("main", "x", Broken())
+    assert "'x'" in str(caught.value) and isinstance(caught.value.__cause__, OSError)
+    assert list((local.root / "objects" / "tmp").iterdir()) == []
+
+
+def test_ensure_sweeps_temp_files_of_dead_writers(local: LocalRepo):
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    temp_dir = local.root / "objects" / "tmp"
+    orphan = temp_dir / f"{dead.stdout.strip()}-0123456789abcdef.tmp"
+    ours = temp_dir / f"{os.getpid()}-fedcba9876543210.tmp"
+    orphan.write_bytes(b"partial")
+    ours.write_bytes(b"in progress")
+    local.ensure()
+    assert sorted(temp_dir.iterdir()) == [ours]
+
+
+def test_default_branch_cannot_be_deleted(local: LocalRepo):
+    with pytest.raises(Conflict, match="default branch"):
+        local.delete_branch("main")
+
+
+def test_commit_ids_resolve_from_a_unique_prefix(local: LocalRepo):
+    local.put("main", "a", b"a")
+    commit = local.commit("main", "one")
+    assert local.resolve(commit.id[:8]) == commit.id
+    with pytest.raises(NotFound):
+        local.resolve(commit.id[:5])  # too short to be taken as a commit id
+
+
+def test_a_listing_is_a_snapshot(local: LocalRepo):
+    for i in range(5):
+        local.put("main", f"f{i}", b"x")
+    listing = local.list("main")
+    assert next(listing).path == "f0"
+    local.delete("main", "f3")
+    local.put("main", "f9", b"late")
+    local.commit("main", "meanwhile")
+    assert [s.path for s in listing] == ["f1", "f2", "f3", "f4"]
+
+
+def test_commit_rewrites_only_the_changed_directories(local: LocalRepo):
+    for d in range(20):
+        for f in range(50):
+            local.put("main", f"data/dir{d:02}/file{f:02}", f"{d}/{f}".encode())
+    local.commit("main", "1000 objects")
+    before = _tree_rows(local)
+    local.put("main", "data/dir07/file03", b"changed")
+    local.commit("main", "one change")
+    # The new rows: root (1) + data/ (20 dirs) + data/dir07/ (50 files).
+    assert _tree_rows(local) - before == 1 + 20 + 50
+    assert [c.path for c in local.diff(local.get_commit("main").parents[0], "main")] == ["data/dir07/file03"]
+
+
+def _tree_rows(repo: LocalRepo) -> int:
+    with sqlite3.connect(f"file:{repo.root / 'repo.db'}?mode=ro", uri=True) as conn:
+        return conn.execute("SELECT count(*) FROM tree_entries").fetchone()[0]
+
+
+def test_one_instance_is_safe_across_threads(local: LocalRepo):
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            branch = f"thread-{index}"
+            local.create_branch(branch, "main")
+            for step in range(10):
+                local.put(branch, f"t{index}/{step}", f"{index}:{step}".encode())
+                local.commit(branch, f"{index}/{step}")
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    for i in range(6):
+        assert len(list(local.log(f"thread-{i}"))) == 11
+        assert local.get(f"thread-{i}", f"t{i}/9") == f"{i}:9".encode()
+
+
+def test_created_times_never_go_backwards(local: LocalRepo):
+    local.put("main", "a", b"a")
+    first = local.commit("main", "a")
+    second = local.commit("main", "b", allow_empty=True)
+    assert second.created >= first.created
+
+
+def test_a_file_and_a_directory_may_share_a_name(local: LocalRepo):
+    local.put("main", "a", b"file")
+    local.put("main", "a/b", b"nested")
+    local.commit("main", "both")
+    assert local.get("main", "a") == b"file"
+    assert [s.path for s in local.list("main")] == ["a", "a/b"]
+    local.delete("main", "a")
+    local.commit("main", "file gone")
+    assert [s.path for s in local.list("main")] == ["a/b"]
