@@ -115,7 +115,9 @@ def load_tokenizer(tokenizer_json: str, eod_token: str) -> tuple[Tokenizer, int]
         raise TokenizerError(f"tokenizer JSON does not load: {exc}") from exc
     eod_id = tokenizer.token_to_id(eod_token)
     if eod_id is None:
-        raise TokenizerError(f"the tokenizer has no end-of-document token {eod_token!r}; set eod_token to one it has")
+        raise TokenizerError(
+            f"the tokenizer has no end-of-document token {eod_token!r}; set eod_token to one it has"
+        )
     # not serialised in tokenizer.json, so set on every load
     tokenizer.encode_special_tokens = True
     return tokenizer, eod_id
@@ -178,13 +180,18 @@ class Encoder:
         self._pool: ProcessPoolExecutor | None = None
         if workers > 1:
             self._pool = ProcessPoolExecutor(
-                workers, mp_context=get_context("spawn"), initializer=_start_worker, initargs=(tokenizer_json,)
+                workers,
+                mp_context=get_context("spawn"),
+                initializer=_start_worker,
+                initargs=(tokenizer_json,),
             )
 
     def encode(self, texts: list[str]) -> EncodedBatch:
         return encode_texts(self.tokenizer, texts)
 
-    def map(self, items: Iterable[Item], texts_of: Callable[[Item], list[str]]) -> Iterator[tuple[Item, EncodedBatch]]:
+    def map(
+        self, items: Iterable[Item], texts_of: Callable[[Item], list[str]]
+    ) -> Iterator[tuple[Item, EncodedBatch]]:
         """``(item, encoding of texts_of(item))`` for each item, in input order."""
         if self._pool is None:
             for item in items:

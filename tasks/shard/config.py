@@ -17,13 +17,17 @@ class ShardConfig(BaseModel):
 
     vocab_size: int = Field(4096, description="target vocabulary size, special tokens included")
     eod_token: str = Field("<|endoftext|>", min_length=1, description="end-of-document token, always present")
-    special_tokens: list[str] = Field(default_factory=list, description="extra special tokens after the EOD token")
+    special_tokens: list[str] = Field(
+        default_factory=list, description="extra special tokens after the EOD token"
+    )
     tokenizer_sample_mb: float = Field(16.0, gt=0, description="text sampled to train the tokenizer, in MB")
     tokenizer_sample_seed: int = Field(0, description="seed of the tokenizer training sample")
     reuse_tokenizer_from: str | None = Field(
         None, description="a dataset ref whose tokenizer/tokenizer.json is reused instead of training one"
     )
-    seq_len: int = Field(256, ge=1, le=1 << 20, description="tokens per training sequence (rows hold seq_len + 1)")
+    seq_len: int = Field(
+        256, ge=1, le=1 << 20, description="tokens per training sequence (rows hold seq_len + 1)"
+    )
     max_sequences_per_shard: int = Field(4096, ge=1, description="sequences per shard at most")
     workers: int = Field(1, ge=1, le=256, description="encoding processes; 1 encodes in-process")
     batch_documents: int = Field(1024, ge=1, description="documents per encoding batch")

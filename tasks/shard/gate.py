@@ -82,7 +82,9 @@ def validate_manifest(manifest: Manifest) -> dict[str, Any]:
         context.data_sources.add_pandas("shard_manifest")
         .add_dataframe_asset("shards")
         .add_batch_definition_whole_dataframe("all_shards")
-        .get_batch(batch_parameters={"dataframe": pd.DataFrame(manifest_table(manifest), columns=SHARD_COLUMNS)})
+        .get_batch(
+            batch_parameters={"dataframe": pd.DataFrame(manifest_table(manifest), columns=SHARD_COLUMNS)}
+        )
     )
     suite = gx.ExpectationSuite(
         name=suite_json["name"],
@@ -118,7 +120,12 @@ def validate_manifest(manifest: Manifest) -> dict[str, Any]:
                 "observed": observed if isinstance(observed, list | str | None) else str(observed),
             }
         )
-    return {"suite": SUITE, "success": bool(result.success), "evaluated": len(result.results), "failed": failed}
+    return {
+        "suite": SUITE,
+        "success": bool(result.success),
+        "evaluated": len(result.results),
+        "failed": failed,
+    }
 
 
 def gate_manifest(manifest: Manifest) -> dict[str, Any]:
@@ -126,7 +133,8 @@ def gate_manifest(manifest: Manifest) -> dict[str, Any]:
     summary = validate_manifest(manifest)
     if not summary["success"]:
         reasons = "; ".join(
-            f"{f['why']} (observed {f['observed']}" + (f", expected {f['expected']})" if f["expected"] else ")")
+            f"{f['why']} (observed {f['observed']}"
+            + (f", expected {f['expected']})" if f["expected"] else ")")
             for f in summary["failed"]
         )
         raise ShardGateError(f"shards/manifest.json failed the {SUITE} suite: {reasons}")

@@ -198,7 +198,9 @@ def prepare_tokenizer(
     return tokenizer_json, info | {"sha256": sha256_of_tokenizer(tokenizer_json)}
 
 
-def _read_source(repo: DataRepo, ref: str, source: str, on_part: Callable[[], None] | None = None) -> Iterator[pa.Table]:
+def _read_source(
+    repo: DataRepo, ref: str, source: str, on_part: Callable[[], None] | None = None
+) -> Iterator[pa.Table]:
     for path in list_parts(repo, ref, f"{INPUT_PREFIX}/{source}"):
         table = read_part(repo, ref, path)
         missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
@@ -221,7 +223,9 @@ def run_shard_stage(
     started = time.perf_counter()
     sources = list_sources(repo, input_commit, INPUT_PREFIX)
     if not sources:
-        raise ValueError(f"no documents under {INPUT_PREFIX}/ at commit {input_commit}; run the dedup stage first")
+        raise ValueError(
+            f"no documents under {INPUT_PREFIX}/ at commit {input_commit}; run the dedup stage first"
+        )
     for prefix in ("shards", "tokenizer", f"quarantine/{STAGE}"):
         clear_prefix(repo, branch, prefix)
 
@@ -237,9 +241,10 @@ def run_shard_stage(
 
     report = StageReport(stage=STAGE)
     entries: list[ShardEntry] = []
-    with Encoder(tokenizer_json, config.eod_token, config.workers) as encoder, tempfile.TemporaryDirectory(
-        prefix="tokenlake-shard-"
-    ) as work:
+    with (
+        Encoder(tokenizer_json, config.eod_token, config.workers) as encoder,
+        tempfile.TemporaryDirectory(prefix="tokenlake-shard-") as work,
+    ):
         vocab_size = encoder.tokenizer.get_vocab_size(with_added_tokens=True)
         dtype = dtype_for_vocab(vocab_size)
         for source in sources:

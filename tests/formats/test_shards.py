@@ -102,7 +102,9 @@ def test_header_refuses_an_eod_that_does_not_fit_the_dtype() -> None:
 
 @pytest.mark.parametrize("dtype", ["uint16", "uint32"])
 def test_write_then_read_gives_the_same_rows(tmp_path, dtype: str) -> None:
-    rows = packed_rows([[5, 6, 7], [8, 9], [70_000 if dtype == "uint32" else 9_999] * 9], seq_len=4, dtype=dtype)
+    rows = packed_rows(
+        [[5, 6, 7], [8, 9], [70_000 if dtype == "uint32" else 9_999] * 9], seq_len=4, dtype=dtype
+    )
     path = tmp_path / "shard-00000.bin"
     digest = write_shard(path, rows, EOD)
     assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
