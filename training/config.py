@@ -1,0 +1,189 @@
+"""Typed, validated trainer configuration (pydantic, frozen): defaults a newcomer can run on a CPU.
+
+One :class:`TrainConfig` describes a run completely; it is written to the run directory,
+stored in every checkpoint, and travels to ``torchrun`` workers as JSON.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from training.model import GPTConfig
+
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64},  # tests and CPU demos
+    "small": {"n_layer": 6, "n_head": 6, "n_embd": 384},  # a laptop-sized model
+    "gpt2-124m": {"n_layer": 12, "n_head": 12, "n_embd": 768},
+    "gpt2-350m": {"n_layer": 24, "n_head": 16, "n_embd": 1024},
+}
+PresetName = Literal["tiny", "small", "gpt2-124m", "gpt2-350m"]
+ResumePolicy = Literal["auto", "never", "allow-data-change"]
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelConfig(_Frozen):
+    """Architecture; vocabulary size and sequence length come from the dataset's manifest."""
+
+    n_layer: int = Field(default=2, ge=1)
+    n_head: int = Field(default=2, ge=1)
+    n_embd: int = Field(default=64, ge=1)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    bias: bool = False
+
+    @classmethod
+    def preset(cls, name: str, **overrides: object) -> ModelConfig:
+        if name not in MODEL_PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
+        return cls(**{**MODEL_PRESETS[name], **overrides})
+
+    def gpt_config(self, vocab_size: int, seq_len: int) -> GPTConfig:
+        # A vocabulary padded to a multiple of 64 keeps the output matmul on fast kernels
+        # (nanoGPT's 50257 -> 50304); the extra rows are never targets.
+        padded = -(-vocab_size // 64) * 64
+        return GPTConfig(vocab_size=padded, block_size=seq_len, **self.model_dump())
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} must be a multiple of n_head {self.n_head}")
+        return self
+
+
+class OptimConfig(_Frozen):
+    """AdamW with linear warmup then cosine decay to ``min_lr``."""
+
+    lr: float = Field(default=1e-3, gt=0)
+    min_lr: float = Field(default=1e-4, ge=0)
+    warmup_steps: int = Field(default=10, ge=0)
+    decay_steps: int | None = Field(default=None, ge=1, description="cosine length; default: the run's steps")
+    weight_decay: float = Field(default=0.1, ge=0)
+    beta1: float = Field(default=0.9, gt=0, lt=1)
+    beta2: float = Field(default=0.95, gt=0, lt=1)
+    eps: float = Field(default=1e-8, gt=0)
+    grad_clip: float = Field(default=1.0, ge=0, description="max global gradient norm; 0 turns clipping off")
+
+    @model_validator(mode="after")
+    def _min_below_peak(self) -> OptimConfig:
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr {self.min_lr} is above lr {self.lr}")
+        return self
+
+
+class DataConfig(_Frozen):
+    heldout_fraction: float = Field(
+        default=0.01, ge=0, lt=0.5, description="tail of each source kept out of training for evaluation"
+    )
+    eval_sequences: int = Field(default=64, ge=0, description="held-out sequences per evaluation")
+    prefetch_batches: int = Field(default=4, ge=1, description="bound of the background prefetch buffer")
+    cache_dir: str | None = Field(default=None, description="shard cache; default <data home>/cache/shards")
+
+
+class CheckpointConfig(_Frozen):
+    every: int = Field(default=50, ge=1, description="save every N steps (and at the last step)")
+    keep_last: int = Field(default=3, ge=1)
+    milestone_every: int = Field(
+        default=0, ge=0, description="steps whose checkpoint is never deleted; 0: none"
+    )
+    async_save: bool = Field(default=True, description="write to disk on a background thread")
+
+
+class StabilityConfig(_Frozen):
+    """Roll back to the last good checkpoint on a non-finite loss or gradient, or a loss spike."""
+
+    enabled: bool = True
+    window: int = Field(default=50, ge=2, description="trailing losses the z-score is computed over")
+    zscore: float = Field(default=6.0, gt=0)
+    min_history: int = Field(default=10, ge=2, description="losses needed before spikes are judged")
+    max_rollbacks: int = Field(default=5, ge=0, description="give up (fail) after this many rollbacks")
+
+
+class FaultConfig(_Frozen):
+    """Injected faults for the crash and stability tests; each kill fires once per run
+    (a marker file in the run directory remembers it), so a restarted run goes past it."""
+
+    kill_at_steps: tuple[int, ...] = Field(default=(), description="SIGKILL every rank inside step N")
+    kill_in_save_at_steps: tuple[int, ...] = Field(default=(), description="SIGKILL during step N's save")
+    spike_at_positions: tuple[int, ...] = Field(default=(), description="x1000 loss on batches holding these")
+    nan_at_positions: tuple[int, ...] = Field(default=(), description="NaN loss on batches holding these")
+
+
+class TrainConfig(_Frozen):
+    run: str = Field(description="run name: checkpoints and metrics live in <home>/runs/<run>")
+    commit: str = Field(description="data commit id (a ref is resolved once at start, the id is recorded)")
+    repo: str | None = Field(
+        default=None, description="dataset repository spec; default as versioning.open_repo"
+    )
+    home: str | None = Field(
+        default=None, description="runs and cache root; default $TOKENLAKE_HOME or ./.tokenlake"
+    )
+    steps: int = Field(default=100, ge=1, description="optimizer steps to reach")
+    global_batch: int = Field(default=8, ge=1, description="sequences per optimizer step, over all ranks")
+    micro_batch: int = Field(default=4, ge=1, description="sequences per rank per forward/backward")
+    seed: int = 1337
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+    data: DataConfig = DataConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    stability: StabilityConfig = StabilityConfig()
+    faults: FaultConfig = FaultConfig()
+    eval_every: int = Field(default=50, ge=0, description="evaluate every N steps (and at the end); 0: never")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="autocast dtype; auto: bfloat16 on CUDA, float32 on CPU"
+    )
+    compile: bool = False
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    deterministic: bool | None = Field(
+        default=None, description="deterministic kernels; default on for CPU (exact resume), off on CUDA"
+    )
+    resume: ResumePolicy = "auto"
+    flow_run_id: str = ""
+    log_samples: bool = Field(default=False, description="write the sample ids each rank trains on (tests)")
+    peak_flops: float | None = Field(
+        default=None, gt=0, description="per-device peak for MFU; default by GPU"
+    )
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if not _RUN_NAME.match(self.run):
+            raise ValueError(f"run name {self.run!r} must be letters, digits, '.', '_' or '-' (at most 100)")
+        if self.global_batch % self.micro_batch:
+            raise ValueError(
+                f"global_batch {self.global_batch} must be a multiple of micro_batch {self.micro_batch}"
+            )
+        return self
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-steps per optimizer step on each rank; the global batch is the same on any world size."""
+        per_step = self.micro_batch * world_size
+        if self.global_batch % per_step:
+            raise ValueError(
+                f"global_batch {self.global_batch} is not a multiple of micro_batch {self.micro_batch} "
+                f"x {world_size} processes; choose a global batch divisible by both"
+            )
+        return self.global_batch // per_step
+
+    def home_dir(self) -> Path:
+        if self.home:
+            return Path(self.home).resolve()
+        from versioning import data_home
+
+        return data_home()
+
+    def run_dir(self) -> Path:
+        return self.home_dir() / "runs" / self.run
+
+    def cache_dir(self) -> Path:
+        return (
+            Path(self.data.cache_dir).resolve()
+            if self.data.cache_dir
+            else self.home_dir() / "cache" / "shards"
+        )

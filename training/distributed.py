@@ -1,0 +1,86 @@
+"""Process-group setup and the few collectives the trainer uses.
+
+Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) a process group is started: NCCL on CUDA,
+gloo on CPU. Without it (a plain ``python -m training`` or an in-process call) the
+trainer is one process and every collective here is the identity.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean of a tensor over ranks (every rank gets it)."""
+        if self.active:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            value /= self.world_size
+        return value
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        if self.active:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        return value
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.active:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+def init_distributed() -> DistContext:
+    if "RANK" not in os.environ:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return DistContext(0, 1, 0, device)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return DistContext(rank, world_size, local_rank, device)
+
+
+def close_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

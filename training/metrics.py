@@ -1,0 +1,189 @@
+"""Training metrics: JSONL records, a console progress bar, and at the end a table and a plot.
+
+Throughput: ``tokens_per_s`` = global tokens of a step / the step's wall time (from the end
+of the previous step to the end of this one, so data waits, evaluation and checkpoint
+stalls count). ``data_wait_share`` = the time the step waited for the loader / that time.
+
+FLOPs: ``flops_per_token = 6 N + 12 L H Q T`` (``GPT.flops_per_token``: forward and
+backward of the matmuls with N non-embedding parameters, plus attention). Achieved
+``flops_per_s = flops_per_token * tokens_per_s`` over all ranks. MFU = achieved / (peak of
+one device x world size); the peak is dense bf16 tensor-core throughput from
+:data:`PEAK_BF16_FLOPS` (or ``TrainConfig.peak_flops``). On a CPU, or a GPU not in the
+table, only the achieved FLOP/s is reported (``mfu`` is null).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+PEAK_BF16_FLOPS = {  # dense bf16, per device, from the vendors' datasheets (no sparsity)
+    "H200": 989e12,
+    "H100": 989e12,  # SXM; the PCIe card is 756e12
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 70e12,
+    "L4": 121e12,
+}
+
+
+def peak_flops(device: torch.device, override: float | None) -> float | None:
+    if override is not None:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak accelerator memory allocated on CUDA; peak resident memory of the process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class MetricsLog:
+    """Rank 0's metrics: appended to ``metrics.jsonl`` (a resumed run appends; replayed steps
+    appear again and the last record of a step is the one that counts)."""
+
+    def __init__(self, path: Path, total_steps: int, first_step: int, progress: bool):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a")
+        self._bar = tqdm(
+            total=total_steps,
+            initial=first_step,
+            desc="train",
+            unit="step",
+            disable=not progress,
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
+        self._progress = progress
+        self._print_every = max(1, total_steps // 20)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+        if record.get("kind") == "train":
+            self._show(record)
+        elif record.get("kind") in ("eval", "rollback", "resume"):
+            text = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("kind", "time"))
+            self._bar.write(f"{record['kind']}: {text}") if self._progress else print(
+                f"{record['kind']}: {text}", flush=True
+            )
+
+    def _show(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        if self._progress:
+            self._bar.n = step
+            self._bar.set_postfix(
+                loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False
+            )
+            self._bar.refresh()
+        elif step % self._print_every == 0 or step == self._bar.total:
+            print(
+                f"step {step}/{self._bar.total} loss {record['loss']:.4f} "
+                f"tokens/s {record['tokens_per_s']:.0f} data wait {100 * record['data_wait_share']:.1f}%",
+                flush=True,
+            )
+
+    def close(self) -> None:
+        self._bar.close()
+        self._file.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def last_per_step(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The final record of each step of one kind, in step order (replays overwrite)."""
+    by_step = {r["step"]: r for r in records if r.get("kind") == kind}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def summarize(records: list[dict[str, Any]], skip_first: int = 2) -> dict[str, Any]:
+    """Headline numbers of a run; medians skip the first steps of each process (warm-up, compile)."""
+    train = last_per_step(records, "train")
+    evals = last_per_step(records, "eval")
+    steady = [r for r in train if r.get("steps_in_process", skip_first + 1) > skip_first] or train
+    stalls = [r["ckpt_stall_ms"] for r in train if "ckpt_stall_ms" in r]
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in steady if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    return {
+        "steps": train[-1]["step"] if train else 0,
+        "tokens": train[-1]["tokens"] if train else 0,
+        "final_loss": train[-1]["loss"] if train else None,
+        "eval_loss": evals[-1]["eval_loss"] if evals else None,
+        "tokens_per_s": median("tokens_per_s"),
+        "step_ms": median("step_ms"),
+        "data_wait_share": median("data_wait_share"),
+        "flops_per_s": median("flops_per_s"),
+        "mfu": median("mfu"),
+        "peak_memory_mb": max((r["peak_memory_mb"] for r in train), default=None),
+        "ckpt_stall_ms": statistics.median(stalls) if stalls else None,
+        "rollbacks": sum(1 for r in records if r.get("kind") == "rollback"),
+    }
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """The summary as a markdown table."""
+
+    def fmt(key: str, value: Any) -> str:
+        if value is None:
+            return "n/a"
+        if key == "data_wait_share" or key == "mfu":
+            return f"{100 * value:.2f}%"
+        if key == "flops_per_s":
+            return f"{value / 1e12:.3f} TFLOP/s" if value >= 1e11 else f"{value / 1e9:.2f} GFLOP/s"
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value)
+
+    rows = "\n".join(f"| {key} | {fmt(key, value)} |" for key, value in summary.items())
+    return "| metric | value |\n|---|---|\n" + rows + "\n"
+
+
+def plot_run(records: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """Loss (train and eval) and throughput against the step, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = last_per_step(records, "train")
+    evals = last_per_step(records, "eval")
+    fig, (ax_loss, ax_speed) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", linewidth=1)
+    if evals:
+        ax_loss.plot(
+            [r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval (held out)"
+        )
+    for r in records:
+        if r.get("kind") == "rollback":
+            ax_loss.axvline(r["at_step"], color="red", alpha=0.4, linestyle="--")
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend()
+    ax_loss.set_title(title)
+    ax_speed.plot([r["step"] for r in train], [r["tokens_per_s"] for r in train], linewidth=1)
+    ax_speed.set_ylabel("tokens/s")
+    ax_speed.set_xlabel("step")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
