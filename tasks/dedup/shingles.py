@@ -1,0 +1,185 @@
+"""Text to dedup keys, vectorised over a whole batch (no Python loop per word or shingle).
+
+Two keys per document:
+
+* the **content key**, for exact duplicates: sha256 (16 bytes kept) of the text with every
+  run of whitespace collapsed to one space and leading/trailing whitespace removed (case and
+  punctuation kept, so code that differs in an operator is not an exact duplicate);
+* the **shingle hashes**, for near duplicates: the text is lowercased (Unicode, by Arrow)
+  and cut into words, a word being a maximal run of ASCII letters, digits and ``_`` or of
+  non-ASCII bytes (so accented and non-Latin words stay whole; ASCII punctuation and
+  whitespace separate words). A shingle is ``ngram`` consecutive words; a document with
+  fewer words has one shingle of all of them, and one with no words has none.
+
+How the shingles stay out of the interpreter: the batch's UTF-8 bytes are one NumPy array;
+word boundaries come from a byte mask and ``np.diff``; a word's hash is read 8 bytes at a
+time through an overlapping ``uint64`` view of the bytes (zero-masked past the word's end,
+mixed with its length, so words of up to 8 bytes never collide), and a shingle hash is a
+fixed linear combination of its words' hashes, finalised with splitmix64. Every step is a
+whole-array NumPy operation; the only loops run over the 8-byte chunks of the longest word
+and over the ``ngram`` offsets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+SHINGLE_VERSION = 1
+"""Bump when the shingles or their hashes change: signatures stored in the index depend on them."""
+
+_UINT64_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+# one odd multiplier per position inside a shingle (splitmix64 outputs, forced odd)
+_POSITION_MULTIPLIERS = np.array(
+    [
+        0xE220A8397B1DCDAF,
+        0x6E789E6AA1B965F5,
+        0x06C45D188009454F,
+        0xF88BB8A8724C81EB,
+        0x9B4E8CE2C5AF2C15,
+        0xD4B9E0D0ACE5AB2B,
+        0x4C12B1A9E5C8D3B1,
+        0x2F6A93B5F1D0E7C9,
+    ],
+    np.uint64,
+)
+MAX_NGRAM = len(_POSITION_MULTIPLIERS)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection of uint64 that spreads every input bit."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def utf8_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(all bytes as uint8, int64 offsets of each document), zero-copy where Arrow allows; nulls are ''."""
+    texts = _large_strings(texts)
+    _, offsets_buffer, data_buffer = texts.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int64, len(texts) + 1, texts.offset * 8)
+    start, stop = int(offsets[0]), int(offsets[-1])
+    data = (
+        np.frombuffer(data_buffer, np.uint8, stop - start, start) if stop > start else np.zeros(0, np.uint8)
+    )
+    return data, offsets - start
+
+
+def _large_strings(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One contiguous ``large_string`` array without nulls (a null text is the empty text)."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    if texts.type != pa.large_string():
+        texts = texts.cast(pa.large_string())
+    return texts.fill_null("") if texts.null_count else texts
+
+
+def content_keys(texts: pa.Array) -> np.ndarray:
+    """sha256 (first 16 bytes) of each whitespace-normalised text, as a ``(n,)`` array of 16-byte strings.
+
+    Whitespace here is any byte <= 0x20 (space, tab, newlines and other control characters).
+    """
+    data, offsets = utf8_bytes(texts)
+    space = data <= 32
+    previous_space = np.empty_like(space)
+    previous_space[:1] = True
+    previous_space[1:] = space[:-1]
+    previous_space[offsets[:-1][offsets[:-1] < len(data)]] = True  # a document starts after "whitespace"
+    keep = ~(space & previous_space)  # drop leading and repeated whitespace
+    normalised = np.maximum(data, np.uint8(32))[keep]
+    lengths = np.diff(offsets)
+    kept = np.zeros(len(lengths), np.int64)
+    nonempty = lengths > 0  # reduceat over non-empty documents only: each runs to the next one's start
+    if nonempty.any():
+        kept[nonempty] = np.add.reduceat(keep.view(np.uint8), offsets[:-1][nonempty], dtype=np.int64)
+    ends = np.cumsum(kept)
+    starts = ends - kept
+    if len(normalised):  # one trailing space is left where a document ends in whitespace
+        ends -= (kept > 0) & (normalised[np.maximum(ends - 1, 0)] == 32)
+    view = memoryview(normalised)
+    keys = [
+        hashlib.sha256(view[s:e]).digest()[:16] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
+    ]
+    return np.array(keys, dtype="S16") if keys else np.zeros(0, "S16")
+
+
+def _word_mask(data: np.ndarray) -> np.ndarray:
+    """Word bytes of lowercased UTF-8: a-z, 0-9, '_' and every byte of a non-ASCII character."""
+    lower_letter = (data - np.uint8(ord("a"))) < 26
+    digit = (data - np.uint8(ord("0"))) < 10
+    return lower_letter | digit | (data >= 0x80) | (data == ord("_"))
+
+
+def words(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(lowercased bytes, word starts, word ends, document of each word), words in text order."""
+    lowered = pc.utf8_lower(_large_strings(texts))
+    data, offsets = utf8_bytes(lowered)
+    word = _word_mask(data)
+    edges = np.diff(word.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    boundaries = np.flatnonzero(edges)  # words and gaps alternate: start, end, start, end, ...
+    starts, ends = boundaries[0::2], boundaries[1::2]
+    # a word running from the end of one document into the next is two words
+    inner = np.unique(offsets[1:-1])
+    inner = inner[(inner > 0) & (inner < len(data))]
+    glued = inner[word[inner] & word[inner - 1]]
+    if glued.size:
+        starts = np.insert(starts, np.searchsorted(starts, glued), glued)
+        ends = np.insert(ends, np.searchsorted(ends, glued), glued)
+    doc = np.searchsorted(offsets, starts, side="right") - 1
+    return data, starts, ends, doc
+
+
+def word_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each word's bytes ``data[start:end]``."""
+    padded = np.zeros(len(data) + 8, np.uint8)
+    padded[: len(data)] = data
+    eight_bytes_at = np.ndarray(shape=(len(data) + 1,), dtype="<u8", buffer=padded, strides=(1,))
+    lengths = ends - starts
+    hashes = mix64(
+        (eight_bytes_at[starts] & _UINT64_MASKS[np.minimum(lengths, 8)])
+        ^ (lengths.astype(np.uint64) * _GOLDEN)
+    )
+    longer = np.flatnonzero(lengths > 8)
+    chunk = 1
+    while longer.size:
+        remaining = lengths[longer] - 8 * chunk
+        piece = eight_bytes_at[starts[longer] + 8 * chunk] & _UINT64_MASKS[np.minimum(remaining, 8)]
+        hashes[longer] = mix64(hashes[longer] ^ piece)
+        longer = longer[remaining > 8]
+        chunk += 1
+    return hashes
+
+
+def shingle_hashes(texts: pa.Array, ngram: int) -> tuple[np.ndarray, np.ndarray]:
+    """(uint64 shingle hashes of all documents, int64 row offsets: document i owns ``[o[i], o[i+1])``)."""
+    if not 1 <= ngram <= MAX_NGRAM:
+        raise ValueError(f"ngram is {ngram}; it must be between 1 and {MAX_NGRAM}")
+    data, starts, ends, doc = words(texts)
+    n_docs = len(texts)
+    hashes = word_hashes(data, starts, ends)
+    per_doc = np.bincount(doc, minlength=n_docs)
+    first_word = np.concatenate([[0], np.cumsum(per_doc)[:-1]])
+
+    count = max(len(hashes) - ngram + 1, 0)
+    combined = hashes[:count] * _POSITION_MULTIPLIERS[0]
+    for j in range(1, ngram):
+        combined += hashes[j : j + count] * _POSITION_MULTIPLIERS[j]
+    whole = np.flatnonzero(doc[:count] == doc[ngram - 1 : ngram - 1 + count])
+    full_hashes, full_docs = mix64(combined[whole]), doc[whole]
+
+    short = np.flatnonzero((per_doc > 0) & (per_doc < ngram))  # one shingle of all their words
+    short_combined = np.zeros(len(short), np.uint64)
+    for j in range(ngram - 1):
+        has = j < per_doc[short]
+        short_combined[has] += hashes[first_word[short[has]] + j] * _POSITION_MULTIPLIERS[j]
+    at = np.searchsorted(full_docs, short)
+    all_hashes = np.insert(full_hashes, at, mix64(short_combined ^ per_doc[short].astype(np.uint64)))
+    all_docs = np.insert(full_docs, at, short)
+    offsets = np.searchsorted(all_docs, np.arange(n_docs + 1))
+    return all_hashes, offsets.astype(np.int64)
