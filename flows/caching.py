@@ -1,0 +1,138 @@
+"""The curate stages' cache: key = (stage, repository, input commit id, stage-config hash).
+
+A stage reads its input at an immutable commit id, so a result keyed on that id and on the
+hash of the stage's config is exact: the same key can only ever mean the same output. Two
+inputs are not commits and are folded into the key as fingerprints:
+
+* ingest reads the source files, so its key covers every selected file's path, size and
+  modification time (as ``make`` and ``rsync`` judge freshness; content is not re-read);
+* shard may reuse the tokenizer of another dataset ref (``reuse_tokenizer_from``), which is
+  resolved to its commit id, so moving that ref invalidates the key.
+
+Results are persisted (pickled ``StageResult``) in a directory outside Prefect's database, by
+default ``<data home>/results``, so a new process, a retried flow run or a re-run from the UI
+finds them. Whether a cached result may be *used* on a given run branch is decided by the flow
+(see :mod:`flows.curate`): the key says the output is right, the branch must also hold it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect.cache_policies import CachePolicy
+from prefect.filesystems import LocalFileSystem
+from prefect.results import ResultStore
+
+from tasks.io import StageResult, config_hash
+from versioning import DataRepo, NotFound, data_home, open_repo
+
+
+def results_dir(configured: str | None = None) -> Path:
+    """Where stage results are kept: ``configured``, else ``$TOKENLAKE_RESULTS``, else ``<data home>/results``."""
+    chosen = configured or os.environ.get("TOKENLAKE_RESULTS")
+    return Path(chosen).expanduser().resolve() if chosen else data_home() / "results"
+
+
+def repository_identity(repo_spec: str) -> str:
+    """The same repository named two ways (relative and absolute paths) gives one identity."""
+    if repo_spec.startswith("lakefs://"):
+        return repo_spec.rstrip("/")
+    return "local://" + str(Path(repo_spec.removeprefix("local://")).expanduser().resolve())
+
+
+def source_fingerprint(config: Any) -> str:
+    """Path, size and mtime of every file the ingest config selects."""
+    from tasks.ingest.partitions import list_source_files
+
+    digest = hashlib.sha256()
+    for source in config.sources:
+        digest.update(f"\0source\0{source.name}\0".encode())
+        for full, rel in list_source_files(source):
+            try:
+                st = os.stat(full)
+                digest.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            except OSError:
+                digest.update(f"{rel}\0unreadable\n".encode())
+    return digest.hexdigest()
+
+
+def tokenizer_fingerprint(config: Any, repo_spec: str) -> str:
+    """The commit ``reuse_tokenizer_from`` resolves to (empty when a tokenizer is trained)."""
+    ref = getattr(config, "reuse_tokenizer_from", None)
+    if not ref:
+        return ""
+    try:
+        return open_repo(repo_spec, create=False).resolve(ref)
+    except NotFound:
+        return f"missing:{ref}"  # the stage itself reports the missing ref
+
+
+def input_fingerprint(stage: str, config: Any, repo_spec: str) -> str:
+    """What a stage reads besides its input commit."""
+    if stage == "ingest":
+        return source_fingerprint(config)
+    if stage == "shard":
+        return tokenizer_fingerprint(config, repo_spec)
+    return ""
+
+
+def stage_cache_key(stage: str, repo_spec: str, input_commit: str, config: Any) -> str:
+    parts = {
+        "stage": stage,
+        "repository": repository_identity(repo_spec),
+        "input_commit": input_commit,
+        "config_hash": config_hash(config),
+        "inputs": input_fingerprint(stage, config, repo_spec),
+    }
+    canonical = json.dumps(parts, sort_keys=True).encode()
+    return f"tokenlake-{stage}-{hashlib.sha256(canonical).hexdigest()[:40]}"
+
+
+@dataclass
+class StageCachePolicy(CachePolicy):
+    """Prefect cache policy of a stage task ``<stage>_task(repo_spec, branch, config, input_commit, ...)``.
+
+    The branch and the flow-run id are deliberately not part of the key: they say where the
+    output is written and by whom, not what it is.
+    """
+
+    stage: str = ""
+
+    def compute_key(
+        self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
+    ) -> str:
+        return stage_cache_key(self.stage, inputs["repo_spec"], inputs["input_commit"], inputs["config"])
+
+
+def result_store(directory: Path) -> ResultStore:
+    return ResultStore(result_storage=LocalFileSystem(basepath=str(directory)))
+
+
+def cached_stage_result(directory: Path, key: str) -> StageResult | None:
+    """The persisted result under ``key``, or None (absent, expired or unreadable)."""
+    store = result_store(directory)
+    if not store.exists(key):
+        return None
+    try:
+        value = store.read(key).result
+    except Exception:  # an unreadable record is a cache miss, never a failure
+        return None
+    return value if isinstance(value, StageResult) else None
+
+
+def seed_stage_result(directory: Path, key: str, result: StageResult) -> None:
+    """Record ``result`` under ``key`` (a stage output found on the branch, e.g. of a published version)."""
+    result_store(directory).write(key=key, obj=result)
+
+
+def commit_exists(repo: DataRepo, commit_id: str) -> bool:
+    try:
+        repo.get_commit(commit_id)
+        return True
+    except NotFound:
+        return False

@@ -1,0 +1,173 @@
+"""RunChain: runs the stages of one curate run in order and decides which finished stages to reuse.
+
+A stage's cache key is (stage, input commit id, stage-config hash) (:mod:`flows.caching`);
+ingest's input is the source files, fingerprinted. A cached result names the commit that
+ended the stage. It is reused only where that is exact:
+
+* **in place**: ``main``'s head is a version published with the same key for this stage and
+  for every earlier one (the publish commit records the chain of keys). The run branch,
+  created from ``main``, already holds those outputs and stays where it is. So a re-run with
+  no change reuses every stage and publishes nothing new (it returns the version's tag), and
+  a run that changes one stage's config re-runs that stage and the later ones only, on top of
+  the published version.
+* **fast-forward**: the run branch's head is an ancestor of the cached commit (a retried flow
+  run, or a re-run after a crash, while ``main`` has not moved): the branch moves to it.
+* otherwise the stage runs again (**refresh**) and its cache entry is replaced.
+
+Prefect performs the lookup itself (the task run shows as Cached); the decision only chooses
+between letting it and forcing a refresh, and seeds the cache from the published chain when
+the cache directory does not have the entry (another machine, a wiped cache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.context import get_run_context
+from prefect.transactions import CommitMode, transaction
+
+from flows.artifacts import RunProgress
+from flows.caching import (
+    StageCachePolicy,
+    cached_stage_result,
+    commit_exists,
+    results_dir,
+    seed_stage_result,
+    stage_cache_key,
+)
+from flows.params import CurateParams
+from flows.wap import ChainLink, PublishRecord, published_record, run_branch
+from tasks.io import StageResult
+from versioning import TransientError, data_home, open_repo
+
+STAGES = ["ingest", "validate", "dedup", "shard", "mix"]
+
+
+def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry storage hiccups only, never bad input, a misconfiguration or a failed gate."""
+    try:
+        state.result()
+    except (TransientError, ConnectionError, TimeoutError):
+        return True
+    except BaseException:
+        return False
+    return False
+
+
+IO_RETRIES: dict[str, Any] = {
+    "retries": 4,
+    "retry_delay_seconds": [1, 2, 4, 8],
+    "retry_jitter_factor": 0.5,
+    "retry_condition_fn": retry_transient,
+}
+
+
+@task(name="advance-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)
+def advance_branch(repo_spec: str, branch: str, commit_id: str) -> None:
+    """Fast-forward the run branch to a reused stage's commit."""
+    open_repo(repo_spec, create=False).reset_hard(branch, commit_id)
+
+
+def register_process(flow_run_id: str) -> None:
+    """Record ``host:pid`` on the flow run, so the janitor can tell a killed run from a live one."""
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        if not run.infrastructure_pid:  # a runner (serve, workers) sets its own
+            client.update_flow_run(flow_run_id, infrastructure_pid=f"{socket.gethostname()}:{os.getpid()}")
+
+
+@dataclass
+class RunChain:
+    """One run between its stages: where it writes, what it reused, the chain of keys it publishes."""
+
+    repo_spec: str
+    branch: str
+    flow_run_id: str
+    results_dir: Path
+    retry_delays: list[float]
+    jitter: float
+    previous: PublishRecord | None = None  # main's head, when that is a published version
+    on_published_chain: bool = False  # every stage so far was reused in place from `previous`
+    progress: RunProgress | None = None
+    done: list[tuple[StageResult, bool]] = field(default_factory=list)  # (result, reused)
+    links: list[ChainLink] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, params: CurateParams) -> RunChain:
+        flow_run_id = str(get_run_context().flow_run.id)
+        register_process(flow_run_id)
+        return cls(
+            repo_spec=repository_spec(params.repository.spec),
+            branch=run_branch(flow_run_id),
+            flow_run_id=flow_run_id,
+            results_dir=results_dir(params.repository.results),
+            retry_delays=params.retry.delays(),
+            jitter=params.retry.jitter_factor,
+        )
+
+    def begin(self, head: str) -> None:
+        """The run branch exists at ``head`` (main's head when the run started)."""
+        self.previous = published_record(open_repo(self.repo_spec, create=False), head)
+        self.on_published_chain = self.previous is not None
+        self.progress = RunProgress(STAGES)
+
+    @property
+    def results(self) -> dict[str, StageResult]:
+        return {result.stage: result for result, _ in self.done}
+
+    def run(self, stage: str, stage_task: Any, config: Any, input_commit: str) -> StageResult:
+        assert self.progress is not None, "begin() first"
+        self.progress.started(stage)
+        key = stage_cache_key(stage, self.repo_spec, input_commit, config)
+        decision = self._decide(stage, key)
+        runnable = stage_task.with_options(
+            cache_policy=StageCachePolicy(stage=stage),
+            result_storage=self.results_dir,
+            persist_result=True,
+            refresh_cache=decision == "refresh",
+            retries=len(self.retry_delays),
+            retry_delay_seconds=self.retry_delays,
+            retry_jitter_factor=self.jitter,
+            retry_condition_fn=retry_transient,
+        )
+        # EAGER: the result is cached the moment the stage ends, even if the run fails later.
+        with transaction(commit_mode=CommitMode.EAGER):
+            state = runnable(self.repo_spec, self.branch, config, input_commit, self.flow_run_id, return_state=True)
+        result: StageResult = state.result()
+        reused = state.name == "Cached"
+        if reused and decision == "fast-forward":
+            advance_branch(self.repo_spec, self.branch, result.commit_id)
+        self.on_published_chain = self.on_published_chain and reused and decision == "in-place"
+        self.done.append((result, reused))
+        self.links.append(ChainLink(stage, key, result.commit_id))
+        self.progress.finished(result, reused)
+        return result
+
+    def _decide(self, stage: str, key: str) -> str:
+        """'in-place', 'fast-forward', 'refresh' (cached, unusable on this branch) or 'run' (not cached)."""
+        repo = open_repo(self.repo_spec, create=False)
+        published = self.previous.link(stage) if self.previous and self.on_published_chain else None
+        cached = cached_stage_result(self.results_dir, key)
+        if published is not None and published.key == key:
+            if cached is None or cached.commit_id != published.commit:
+                report = json.loads(repo.get(published.commit, f"reports/{stage}.json"))
+                seed_stage_result(self.results_dir, key, StageResult(stage, published.commit, report))
+            return "in-place"
+        if cached is None:
+            return "run"
+        if commit_exists(repo, cached.commit_id) and repo.is_ancestor(repo.resolve(self.branch), cached.commit_id):
+            return "fast-forward"
+        return "refresh"
+
+
+def repository_spec(configured: str | None) -> str:
+    """The repository a run uses: configured, else ``$TOKENLAKE_REPO``, else ``<data home>/repo``."""
+    return configured or os.environ.get("TOKENLAKE_REPO") or str(data_home() / "repo")

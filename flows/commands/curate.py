@@ -1,0 +1,186 @@
+"""Curate commands: ``curate --config FILE``, ``datasets``, ``janitor``, ``serve``.
+
+Prefect is imported inside the handlers, after :func:`prefect_environment` has set the
+project's defaults (telemetry off, state inside the project), because Prefect reads its
+settings when it is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PREFECT_YAML = PROJECT_ROOT / "deploy" / "prefect.yaml"
+
+
+def prefect_environment() -> None:
+    """Telemetry off and Prefect's state in the project, unless the user chose otherwise."""
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_HOME", str(PROJECT_ROOT / ".prefect"))
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the console shows progress instead
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    curate = subparsers.add_parser(
+        "curate",
+        help="run the curate flow: ingest, validate, dedup, shard, mix, publish",
+        description="Run the curate flow on the sources of a TOML config (see examples/curate.toml); "
+        "publishes a tagged dataset version on main when every gate passes.",
+    )
+    curate.add_argument("--config", required=True, type=Path, metavar="FILE", help="TOML file of CurateParams")
+    curate.add_argument("--json", action="store_true", help="print the result as JSON")
+    curate.set_defaults(handler=run_curate)
+
+    datasets = subparsers.add_parser("datasets", help="list published dataset versions")
+    datasets.add_argument("--json", action="store_true", help="print the list as JSON")
+    datasets.set_defaults(handler=run_datasets)
+
+    janitor = subparsers.add_parser(
+        "janitor", help="remove run branches left by killed curate runs",
+        description="Remove curate-* branches whose flow run is dead and ended at least MAX_AGE ago "
+        "(never a live run's), and a publish lock held by a dead process.",
+    )
+    janitor.add_argument("--max-age", default="24h", help="e.g. 36h, 90m, 2d, 0 (default: 24h)")
+    janitor.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+    janitor.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    janitor.set_defaults(handler=run_janitor)
+
+    serve = subparsers.add_parser(
+        "serve", help="serve the deployments of deploy/prefect.yaml with their schedules",
+        description="Serve every deployment of a prefect.yaml (curate nightly, janitor, train) from this "
+        "process; runs come from their schedules or from the Prefect UI.",
+    )
+    serve.add_argument("--prefect-yaml", type=Path, default=DEFAULT_PREFECT_YAML, metavar="FILE")
+    serve.set_defaults(handler=run_serve)
+
+
+def run_curate(args: argparse.Namespace) -> int:
+    prefect_environment()
+    from flows.params import CurateParams
+
+    params = CurateParams.from_toml(args.config)
+    if args.repo:
+        params.repository.spec = args.repo
+    curate_and_report(params, as_json=args.json)
+    return 0
+
+
+def curate_and_report(params: Any, as_json: bool, flow: Any = None) -> Any:
+    """Run ``flow`` (default: curate) with a console progress bar; print and return what it made."""
+    from flows.curate import curate
+
+    events: list[Any] = []
+    with console_progress(events, enabled=not as_json):
+        version = (flow or curate)(params)
+    rows = [_stage_row(e) for e in events if e.result is not None]
+    if as_json:
+        print(json.dumps({**asdict(version), "stages": rows}, indent=2))
+    else:
+        print(format_table(rows))
+        print(f"\n{version}")
+    return version
+
+
+def _stage_row(event: Any) -> dict[str, Any]:
+    from flows.artifacts import stage_row
+
+    return stage_row(event.result, event.reused)
+
+
+@contextmanager
+def console_progress(events: list[Any], enabled: bool = True) -> Iterator[None]:
+    """A progress bar over the stages, fed by the flow's stage events."""
+    from tqdm import tqdm
+
+    from flows.artifacts import listening
+
+    with tqdm(total=5, desc="curate", unit="stage", file=sys.stderr, disable=not enabled or None) as bar:
+
+        def on_event(event: Any) -> None:
+            events.append(event)
+            if event.result is None:
+                bar.set_description(f"curate: {event.stage}")
+            else:
+                bar.set_postfix_str(f"{event.stage} {'reused' if event.reused else 'done'}")
+                bar.update(1)
+
+        with listening(on_event):
+            yield
+
+
+def run_datasets(args: argparse.Namespace) -> int:
+    from flows.wap import list_versions
+    from versioning import open_repo
+
+    versions = list_versions(open_repo(args.repo))
+    if args.json:
+        print(json.dumps([asdict(v) for v in versions], indent=2))
+        return 0
+    if not versions:
+        print("no published dataset versions yet: run `tokenlake run` or `tokenlake curate --config FILE`")
+        return 0
+    rows = []
+    for v in versions:
+        sources = sorted(set(v.documents) | set(v.tokens)) or ["-"]
+        for i, source in enumerate(sources):
+            first = i == 0
+            rows.append({
+                "tag": v.tag if first else "", "commit": v.commit_id[:12] if first else "",
+                "date": v.created if first else "", "source": source,
+                "documents": v.documents.get(source, ""), "tokens": v.tokens.get(source, ""),
+            })
+    print(format_table(rows))
+    return 0
+
+
+def run_janitor(args: argparse.Namespace) -> int:
+    prefect_environment()
+    from flows.janitor import parse_age, sweep
+    from versioning import open_repo
+
+    verdicts = sweep(open_repo(args.repo, create=False), parse_age(args.max_age), args.dry_run)
+    if args.json:
+        print(json.dumps([asdict(v) for v in verdicts], indent=2))
+    elif verdicts:
+        print(format_table([asdict(v) for v in verdicts]))
+    else:
+        print("no run branches: nothing to clean")
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    prefect_environment()
+    from prefect import serve
+
+    from flows.deployments import load_deployments
+
+    deployments, skipped = load_deployments(args.prefect_yaml)
+    for name, reason in skipped:
+        print(f"tokenlake serve: not serving {name}: {reason}", file=sys.stderr)
+    serve(*deployments)
+    return 0
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    cells = [[str(c) for c in columns]] + [[_cell(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    return "" if value is None else str(value)

@@ -1,0 +1,139 @@
+"""The curate flow: sources -> ingest -> validate -> dedup -> shard -> mix -> publish (DESIGN.md §1).
+
+Each run writes on its own branch ``curate-<flow run id>`` created from ``main``; each stage
+is one task that reads its input at the previous stage's commit id and ends in a commit
+whose metadata carries stage, stage-config hash, input commit, flow-run id and counts.
+When every gate holds, the run is merged into ``main`` and tagged (:mod:`flows.wap`).
+Failure never touches ``main``: the Prefect transaction's rollback deletes the run branch,
+and the janitor (:mod:`flows.janitor`) removes the branch of a killed process. Finished
+stages are reused exactly (:mod:`flows.chain`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.transactions import get_transaction, transaction
+
+from flows.artifacts import SummaryLinks, stages_table, summary
+from flows.chain import IO_RETRIES, RunChain
+from flows.params import CurateParams, GateConfig
+from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish
+from tasks.dedup import dedup_task
+from tasks.ingest import ingest_task
+from tasks.io import StageResult, config_hash
+from tasks.mix import mix_task
+from tasks.shard.task import shard_task
+from tasks.validate import validate_task
+from versioning import NotFound, open_repo
+
+
+class GateFailed(RuntimeError):
+    """A publish gate did not hold; the message lists every failed gate."""
+
+
+@flow(name="curate", log_prints=True)
+def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
+    """Curate the configured sources into a new dataset version on ``main``."""
+    run = RunChain.start(params)
+    with transaction():  # any failure rolls back: the run branch is deleted, main is untouched
+        head = open_branch(run.repo_spec, run.branch)
+        run.begin(head)
+        ingested = run.run("ingest", ingest_task, params.ingest, input_commit=head)
+        validated = run.run("validate", validate_task, params.filters, ingested.commit_id)
+        deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)
+        sharded = run.run("shard", shard_task, params.shards, deduped.commit_id)
+        mixed = run.run("mix", mix_task, params.mix, sharded.commit_id)
+        check_gates(params.gates, [s.name for s in params.ingest.sources], run.results)
+        version = publish_task(run.repo_spec, mixed.commit_id, run.links, run.flow_run_id, config_hash(params.gates))
+    close_branch(run.repo_spec, run.branch)
+    stages_table(run.done)
+    print(summary(version, run.branch, run.done, summary_links(run, params)))
+    return version
+
+
+@task(name="open-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)
+def open_branch(repo_spec: str, branch: str) -> str:
+    """Create the run branch from main (and the repository if new); returns main's head."""
+    txn = get_transaction()
+    if txn is not None:  # what the rollback hook needs
+        txn.set("repo_spec", repo_spec)
+        txn.set("branch", branch)
+    return open_run_branch(open_repo(repo_spec), branch)
+
+
+@open_branch.on_rollback
+def _delete_run_branch(txn: Any) -> None:
+    try:
+        open_repo(txn.get("repo_spec"), create=False).delete_branch(txn.get("branch"))
+    except NotFound:
+        pass
+
+
+@task(name="close-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)
+def close_branch(repo_spec: str, branch: str) -> None:
+    """The run is on main now (merged, or it was already there): its branch goes."""
+    try:
+        open_repo(repo_spec, create=False).delete_branch(branch)
+    except NotFound:
+        pass
+
+
+def gate_failures(gates: GateConfig, sources: list[str], results: dict[str, StageResult]) -> list[str]:
+    """Every gate that does not hold, each as one sentence."""
+    failures = []
+    shard = results["shard"].report
+    kept, tokens = shard.get("kept", 0), shard.get("tokens", 0)
+    if kept < gates.min_documents:
+        failures.append(f"{kept} documents reached the shards, fewer than min_documents={gates.min_documents}")
+    if tokens < gates.min_tokens:
+        failures.append(f"the shards hold {tokens} tokens, fewer than min_tokens={gates.min_tokens}")
+    ingested = results["ingest"].report.get("documents_in", 0)
+    if ingested and 1 - kept / ingested > gates.max_quarantined_fraction:
+        failures.append(
+            f"{1 - kept / ingested:.1%} of ingested documents were quarantined, more than "
+            f"max_quarantined_fraction={gates.max_quarantined_fraction}"
+        )
+    if gates.every_source_in_shards:
+        per_source = shard.get("per_source") or {}
+        missing = [s for s in sources if not _source_tokens(per_source.get(s))]
+        if missing:
+            failures.append(f"source(s) {', '.join(missing)} have no tokens in the shards")
+    if gates.expectations_must_pass:
+        for stage, result in results.items():
+            if (result.report.get("expectations") or {}).get("success") is False:
+                failures.append(f"the {stage} stage's Great Expectations results failed")
+    return failures
+
+
+def _source_tokens(stats: dict[str, Any] | None) -> int:
+    stats = stats or {}
+    return int(stats.get("stored_tokens", stats.get("tokens", 0)) or 0)
+
+
+@task(name="check-gates", cache_policy=NO_CACHE)
+def check_gates(gates: GateConfig, sources: list[str], results: dict[str, StageResult]) -> None:
+    failures = gate_failures(gates, sources, results)
+    if failures:
+        raise GateFailed("not published: " + "; ".join(failures))
+
+
+@task(name="publish", cache_policy=NO_CACHE, **IO_RETRIES)
+def publish_task(
+    repo_spec: str, run_head: str, links: list[ChainLink], flow_run_id: str, gates_hash: str
+) -> PublishedVersion:
+    """Merge the run into main and tag it (idempotent: a retry never publishes twice)."""
+    version = publish(open_repo(repo_spec, create=False), run_head, links, flow_run_id, gates_hash)
+    get_run_logger().info("curate: %s", version)
+    return version
+
+
+def summary_links(run: RunChain, params: CurateParams) -> SummaryLinks:
+    validated = run.results.get("validate")
+    data_docs = (validated.report.get("extra") or {}).get("data_docs") if validated else None
+    if not run.repo_spec.startswith("lakefs://"):
+        return SummaryLinks(data_docs=data_docs, repository=run.repo_spec)
+    endpoint = params.repository.lakefs_ui or getattr(open_repo(run.repo_spec, create=False), "endpoint", None)
+    return SummaryLinks(data_docs=data_docs, lakefs_ui=endpoint, repository=run.repo_spec.removeprefix("lakefs://"))

@@ -1,0 +1,130 @@
+"""CurateParams: the one parameter of the curate flow, so the Prefect UI renders it as a form.
+
+It nests each stage's own config model (the stages validate their parts), and adds the
+publish gates, the repository and the retry policy. ``CurateParams.from_toml(path)`` reads
+the same structure from a TOML file (see ``examples/curate.toml``); relative paths in that
+file (source paths, a local repository) are taken relative to the file's directory.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from formats.mix import MixSpec
+from tasks.dedup import DedupConfig
+from tasks.ingest.config import IngestConfig
+from tasks.shard.config import ShardConfig
+from tasks.validate import ValidateConfig
+
+
+class RepositoryConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: str | None = Field(
+        default=None,
+        description="a local directory or lakefs://<repository> (lakectl configuration); "
+        "default $TOKENLAKE_REPO, else <data home>/repo",
+    )
+    results: str | None = Field(
+        default=None,
+        description="directory of cached stage results; default $TOKENLAKE_RESULTS, else <data home>/results",
+    )
+    lakefs_ui: str | None = Field(
+        default=None, description="lakeFS UI base URL for links in the summary; default the lakeFS endpoint"
+    )
+
+
+class GateConfig(BaseModel):
+    """What a run must achieve before it may publish; a failing gate leaves main untouched."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_documents: int = Field(default=1, ge=0, description="documents packed into the shards, at least")
+    min_tokens: int = Field(default=1, ge=0, description="tokens in the shards, at least")
+    max_quarantined_fraction: float = Field(
+        default=0.95, ge=0.0, le=1.0,
+        description="share of ingested documents that may end in quarantine across all stages",
+    )
+    every_source_in_shards: bool = Field(
+        default=True, description="fail when a configured source has no tokens in the shards"
+    )
+    expectations_must_pass: bool = Field(
+        default=True, description="fail when a stage report carries failed Great Expectations results"
+    )
+
+
+class RetryConfig(BaseModel):
+    """Retries of the IO tasks: exponential backoff with jitter."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    retries: int = Field(default=3, ge=0, description="retries of a failed stage or publish")
+    backoff_seconds: float = Field(default=2.0, ge=0, description="first delay; doubles with each retry")
+    jitter_factor: float = Field(default=0.5, ge=0, description="random extra delay, as a fraction of the delay")
+
+    def delays(self) -> list[float]:
+        return [self.backoff_seconds * 2**attempt for attempt in range(self.retries)]
+
+
+class CurateParams(BaseModel):
+    """Everything one curate run needs: sources to publish, stage configs, gates, repository."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ingest: IngestConfig = Field(default_factory=IngestConfig, description="the sources and ingest limits")
+    filters: ValidateConfig = Field(default_factory=ValidateConfig, description="quality filters (validate)")
+    dedup: DedupConfig = Field(default_factory=DedupConfig, description="exact and near-duplicate removal")
+    shards: ShardConfig = Field(default_factory=ShardConfig, description="tokenizer and packing")
+    mix: MixSpec = Field(default_factory=MixSpec, description="the mixture plan")
+    gates: GateConfig = Field(default_factory=GateConfig, description="what must hold before publishing")
+    repository: RepositoryConfig = Field(default_factory=RepositoryConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> CurateParams:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file {str(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not valid TOML ({exc})") from None
+        return cls.from_dict(_relative_to(data, path.resolve().parent), where=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "parameters") -> CurateParams:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(f"{where}: {one_sentence(exc)}") from None
+
+
+def one_sentence(exc: ValidationError) -> str:
+    """The first validation error as 'field.path: message' (there is usually one)."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    message = error["msg"].removeprefix("Value error, ")
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {message}{more}"
+
+
+def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Source paths and a local repository path written relative to the TOML file."""
+
+    def resolve(value: str) -> str:
+        expanded = Path(value).expanduser()
+        return str(expanded if expanded.is_absolute() else base / expanded)
+
+    for source in data.get("ingest", {}).get("sources", []):
+        if isinstance(source, dict) and isinstance(source.get("path"), str):
+            source["path"] = resolve(source["path"])
+    repository = data.get("repository", {})
+    for key in ("spec", "results"):
+        value = repository.get(key)
+        if isinstance(value, str) and value and not value.startswith("lakefs://"):
+            repository[key] = resolve(value.removeprefix("local://"))
+    return data

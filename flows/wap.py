@@ -1,0 +1,268 @@
+"""Write-audit-publish on the dataset repository: run branches, the publish lock, publishing.
+
+* A curate run writes on its own branch ``curate-<flow run id>`` created from ``main``
+  (lakeFS forbids ``/`` in branch names). The flow-run id in the name is how the janitor
+  finds the run that owns a branch.
+* Publishing merges the run's last commit into ``main`` and tags the merge commit
+  ``ds-<YYYYMMDD>-<n>``. The merge commit's metadata records the stage chain (stage, cache
+  key, commit), so a later run can tell which stage outputs ``main`` already holds.
+* Publishing holds a lock: the branch ``lock-publish``, whose creation is atomic in both
+  adapters, and whose one commit names the holder. A rollback (``flows/rollback.py``) must
+  refuse while :func:`publish_in_progress` returns a holder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+from tasks.io import tokenlake_version
+from versioning import Commit, Conflict, DataRepo, NoChanges, NotFound
+
+MAIN = "main"
+RUN_BRANCH_PREFIX = "curate-"
+PUBLISH_LOCK_BRANCH = "lock-publish"
+TAG_PREFIX = "ds-"
+PUBLISH_STAGE = "publish"
+
+
+class PublishBusy(RuntimeError):
+    """Another publish holds the lock."""
+
+
+def run_branch(flow_run_id: str) -> str:
+    return f"{RUN_BRANCH_PREFIX}{flow_run_id}"
+
+
+def flow_run_of_branch(branch: str) -> str | None:
+    return branch.removeprefix(RUN_BRANCH_PREFIX) if branch.startswith(RUN_BRANCH_PREFIX) else None
+
+
+def open_run_branch(repo: DataRepo, branch: str) -> str:
+    """Create ``branch`` at main's head and return that commit id.
+
+    A retried flow run (same id) may find its branch left by a killed attempt: it starts
+    over from main's head; the killed attempt's finished stages come back from the cache.
+    """
+    try:
+        return repo.create_branch(branch, MAIN)
+    except Conflict:
+        head = repo.resolve(MAIN)
+        repo.reset_hard(branch, head)
+        return head
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """One stage of a published version: its cache key and the commit that ended it."""
+
+    stage: str
+    key: str
+    commit: str
+
+
+@dataclass(frozen=True)
+class PublishRecord:
+    """What a publish merge commit says about the version it made."""
+
+    commit: str
+    tag: str
+    run_head: str
+    flow_run_id: str
+    chain: tuple[ChainLink, ...]
+    created: float
+
+    @classmethod
+    def from_commit(cls, commit: Commit) -> PublishRecord | None:
+        meta = commit.metadata
+        if meta.get("stage") != PUBLISH_STAGE or "chain" not in meta:
+            return None
+        chain = tuple(ChainLink(**link) for link in json.loads(meta["chain"]))
+        return cls(commit.id, meta.get("tag", ""), meta.get("input_commit", ""), meta.get("flow_run_id", ""),
+                   chain, commit.created)
+
+    def link(self, stage: str) -> ChainLink | None:
+        return next((link for link in self.chain if link.stage == stage), None)
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    """What a curate run returns: the dataset version ``main`` now holds."""
+
+    tag: str
+    commit_id: str
+    new: bool  # False when main already held exactly this data (nothing merged)
+
+    def __str__(self) -> str:
+        state = "published" if self.new else "already published"
+        return f"{state} {self.tag} at commit {self.commit_id}"
+
+
+def publish_in_progress(repo: DataRepo) -> dict[str, str] | None:
+    """The publish lock's holder (flow_run_id, host, pid, since), or None when no publish runs."""
+    branches = repo.list_branches()
+    if PUBLISH_LOCK_BRANCH not in branches:
+        return None
+    meta = repo.get_commit(branches[PUBLISH_LOCK_BRANCH]).metadata
+    if meta.get("stage") != "lock":
+        return {"flow_run_id": "", "host": "", "pid": "", "since": ""}  # created, holder not yet written
+    return {k: meta.get(k, "") for k in ("flow_run_id", "host", "pid", "since")}
+
+
+@contextmanager
+def publish_lock(repo: DataRepo, flow_run_id: str, wait_s: float = 120.0, poll_s: float = 0.5) -> Iterator[None]:
+    """Hold ``lock-publish`` for the block; re-entrant for the same flow run (a retried task)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            repo.create_branch(PUBLISH_LOCK_BRANCH, MAIN)
+            holder = {
+                "stage": "lock",
+                "flow_run_id": flow_run_id,
+                "host": socket.gethostname(),
+                "pid": str(os.getpid()),
+                "since": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+            repo.commit(PUBLISH_LOCK_BRANCH, f"publish lock held by flow run {flow_run_id}", holder, allow_empty=True)
+            break
+        except Conflict:
+            holder = publish_in_progress(repo)
+            if holder and holder["flow_run_id"] == flow_run_id:
+                break  # our own earlier attempt took it
+            if time.monotonic() > deadline:
+                who = holder["flow_run_id"] if holder else "unknown"
+                raise PublishBusy(
+                    f"another publish holds the lock (flow run {who or 'unknown'}); wait for it, or run "
+                    "`tokenlake janitor` if that run is dead"
+                ) from None
+            time.sleep(poll_s)
+    try:
+        yield
+    finally:
+        try:
+            repo.delete_branch(PUBLISH_LOCK_BRANCH)
+        except NotFound:
+            pass
+
+
+def published_record(repo: DataRepo, ref: str) -> PublishRecord | None:
+    return PublishRecord.from_commit(repo.get_commit(ref))
+
+
+def tags_of(repo: DataRepo, commit_id: str) -> list[str]:
+    return sorted(t for t, c in repo.list_tags().items() if c == commit_id and t.startswith(TAG_PREFIX))
+
+
+def next_tag(repo: DataRepo, now: datetime | None = None) -> str:
+    day = (now or datetime.now(UTC)).strftime("%Y%m%d")
+    prefix = f"{TAG_PREFIX}{day}-"
+    taken = [int(t[len(prefix):]) for t in repo.list_tags() if t.startswith(prefix) and t[len(prefix):].isdigit()]
+    return f"{prefix}{max(taken, default=0) + 1}"
+
+
+def _merged_by(repo: DataRepo, run_head: str, limit: int = 50) -> PublishRecord | None:
+    """The publish on main that merged ``run_head`` (a retried publish finds its own merge)."""
+    for commit in repo.log(MAIN, limit=limit):
+        record = PublishRecord.from_commit(commit)
+        if record and record.run_head == run_head:
+            return record
+    return None
+
+
+def publish(
+    repo: DataRepo,
+    run_head: str,
+    chain: list[ChainLink],
+    flow_run_id: str,
+    gates_hash: str,
+) -> PublishedVersion:
+    """Merge ``run_head`` into main and tag it; idempotent, so a retried task never publishes twice."""
+    with publish_lock(repo, flow_run_id):
+        done = _merged_by(repo, run_head)
+        if done:
+            if done.tag not in repo.list_tags():
+                repo.create_tag(done.tag, done.commit)
+            return PublishedVersion(done.tag, done.commit, new=True)
+        main_head = repo.resolve(MAIN)
+        if not repo.diff(main_head, run_head):
+            return _already_on_main(repo, main_head)
+        tag = next_tag(repo)
+        metadata = {
+            "stage": PUBLISH_STAGE,
+            "stage_config_hash": gates_hash,
+            "input_commit": run_head,
+            "flow_run_id": flow_run_id,
+            "tokenlake_version": tokenlake_version(),
+            "tag": tag,
+            "chain": json.dumps([asdict(link) for link in chain]),
+        }
+        try:
+            merged = repo.merge(run_head, MAIN, f"publish {tag}", metadata)
+        except NoChanges:
+            return _already_on_main(repo, repo.resolve(MAIN))
+        repo.create_tag(tag, merged)
+        return PublishedVersion(tag, merged, new=True)
+
+
+def _already_on_main(repo: DataRepo, main_head: str) -> PublishedVersion:
+    tags = tags_of(repo, main_head)
+    if tags:
+        return PublishedVersion(tags[-1], main_head, new=False)
+    tag = next_tag(repo)
+    repo.create_tag(tag, main_head)
+    return PublishedVersion(tag, main_head, new=True)
+
+
+@dataclass(frozen=True)
+class DatasetVersion:
+    """One published version, as `tokenlake datasets` lists it."""
+
+    tag: str
+    commit_id: str
+    created: str
+    flow_run_id: str
+    documents: dict[str, int]
+    tokens: dict[str, int]
+
+
+def list_versions(repo: DataRepo) -> list[DatasetVersion]:
+    """Every ``ds-*`` tag, newest first, with documents and tokens per source."""
+    versions = []
+    for tag, commit_id in repo.list_tags().items():
+        if not tag.startswith(TAG_PREFIX):
+            continue
+        commit = repo.get_commit(commit_id)
+        versions.append(
+            DatasetVersion(
+                tag=tag,
+                commit_id=commit_id,
+                created=datetime.fromtimestamp(commit.created, UTC).isoformat(timespec="seconds"),
+                flow_run_id=commit.metadata.get("flow_run_id", ""),
+                documents=_documents_per_source(repo, commit_id),
+                tokens=_tokens_per_source(repo, commit_id),
+            )
+        )
+    return sorted(versions, key=lambda v: (v.created, v.tag), reverse=True)
+
+
+def _tokens_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
+    try:
+        manifest = json.loads(repo.get(ref, "shards/manifest.json"))
+    except NotFound:
+        return {}
+    return {source: int(stats.get("tokens", 0)) for source, stats in sorted(manifest.get("sources", {}).items())}
+
+
+def _documents_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
+    """Documents that reached the shards: the dedup stage's kept count per source."""
+    try:
+        report = json.loads(repo.get(ref, "reports/dedup.json"))
+    except NotFound:
+        return {}
+    return {source: int(stats.get("kept", 0)) for source, stats in sorted(report.get("per_source", {}).items())}

@@ -1,0 +1,133 @@
+"""Publishing on a real LocalRepo: merge + tag, idempotent retries, the lock, listing versions."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from flows.wap import (
+    MAIN,
+    PUBLISH_LOCK_BRANCH,
+    ChainLink,
+    PublishBusy,
+    PublishRecord,
+    list_versions,
+    next_tag,
+    open_run_branch,
+    publish,
+    publish_in_progress,
+    publish_lock,
+)
+from versioning.local import LocalRepo
+
+
+@pytest.fixture
+def repo(tmp_path):
+    repo = LocalRepo(tmp_path / "repo")
+    repo.ensure()
+    return repo
+
+
+def _run(repo: LocalRepo, branch: str, files: dict[str, bytes]) -> str:
+    open_run_branch(repo, branch)
+    for path, data in files.items():
+        repo.put(branch, path, data)
+    return repo.commit(branch, "stage", {"stage": "ingest"}).id
+
+
+def test_publish_merges_tags_and_records_the_chain(repo):
+    head = _run(repo, "curate-a", {"raw/s/part-00000.parquet": b"x"})
+    chain = [ChainLink("ingest", "key-1", head)]
+    version = publish(repo, head, chain, "run-a", "gates")
+    assert version.new and version.tag == next_tag(repo).rsplit("-", 1)[0] + "-1"
+    assert repo.list_tags()[version.tag] == version.commit_id == repo.resolve(MAIN)
+    record = PublishRecord.from_commit(repo.get_commit(MAIN))
+    assert record.run_head == head and record.chain == tuple(chain) and record.tag == version.tag
+    assert repo.is_ancestor(head, MAIN)
+
+
+def test_publish_retried_after_success_publishes_nothing_new(repo):
+    head = _run(repo, "curate-a", {"a.txt": b"1"})
+    first = publish(repo, head, [], "run-a", "g")
+    again = publish(repo, head, [], "run-a", "g")
+    assert again.tag == first.tag and again.commit_id == first.commit_id
+    assert len([t for t in repo.list_tags() if t.startswith("ds-")]) == 1
+
+
+def test_publishing_the_data_main_already_holds_returns_its_version(repo):
+    head = _run(repo, "curate-a", {"a.txt": b"1"})
+    first = publish(repo, head, [], "run-a", "g")
+    same = _run(repo, "curate-b", {"a.txt": b"1"})  # a run that wrote what main has
+    again = publish(repo, same, [], "run-b", "g")
+    assert not again.new and again.tag == first.tag and repo.resolve(MAIN) == first.commit_id
+
+
+def test_tags_count_up_within_a_day(repo):
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    assert next_tag(repo, now) == "ds-20260102-1"
+    repo.create_tag("ds-20260102-1", MAIN)
+    repo.create_tag("ds-20260102-7", MAIN)
+    assert next_tag(repo, now) == "ds-20260102-8"
+
+
+def test_the_publish_lock_excludes_other_runs_and_names_its_holder(repo):
+    with publish_lock(repo, "run-a"):
+        holder = publish_in_progress(repo)
+        assert holder["flow_run_id"] == "run-a" and holder["pid"]
+        with pytest.raises(PublishBusy, match="another publish holds the lock"):
+            with publish_lock(repo, "run-b", wait_s=0.2, poll_s=0.05):
+                pass
+    assert publish_in_progress(repo) is None and PUBLISH_LOCK_BRANCH not in repo.list_branches()
+
+
+def test_a_lock_left_by_a_killed_attempt_of_the_same_run_is_taken_over(repo):
+    repo.create_branch(PUBLISH_LOCK_BRANCH, MAIN)
+    repo.commit(PUBLISH_LOCK_BRANCH, "lock", {"stage": "lock", "flow_run_id": "run-a", "pid": "1"}, allow_empty=True)
+    with publish_lock(repo, "run-a", wait_s=0):
+        assert publish_in_progress(repo)["flow_run_id"] == "run-a"
+    assert publish_in_progress(repo) is None
+
+
+def test_a_waiting_publisher_gets_the_lock_when_it_is_released(repo):
+    order = []
+    release = threading.Event()
+
+    def holder():
+        with publish_lock(repo, "run-a"):
+            order.append("a")
+            release.wait(5)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    while publish_in_progress(repo) is None:
+        time.sleep(0.01)
+    release.set()
+    with publish_lock(repo, "run-b", wait_s=30, poll_s=0.01):
+        order.append("b")
+    thread.join()
+    assert order == ["a", "b"]
+
+
+def test_a_run_branch_left_by_a_killed_attempt_restarts_from_main(repo):
+    _run(repo, "curate-a", {"a.txt": b"1"})
+    repo.put("curate-a", "partial.txt", b"half written")
+    head = open_run_branch(repo, "curate-a")
+    assert head == repo.resolve(MAIN) == repo.resolve("curate-a")
+    assert not repo.exists("curate-a", "partial.txt")
+
+
+def test_datasets_lists_versions_with_documents_and_tokens_per_source(repo):
+    manifest = {"sources": {"code": {"sequences": 2, "tokens": 514}, "prose": {"sequences": 1, "tokens": 257}}}
+    dedup = {"per_source": {"code": {"kept": 10}, "prose": {"kept": 4}}}
+    head = _run(repo, "curate-a", {
+        "shards/manifest.json": json.dumps(manifest).encode(),
+        "reports/dedup.json": json.dumps(dedup).encode(),
+    })
+    version = publish(repo, head, [], "run-a", "g")
+    (listed,) = list_versions(repo)
+    assert listed.tag == version.tag and listed.commit_id == version.commit_id and listed.flow_run_id == "run-a"
+    assert listed.tokens == {"code": 514, "prose": 257} and listed.documents == {"code": 10, "prose": 4}
