@@ -1,0 +1,103 @@
+"""One partition in, two Arrow tables out: the documents kept and the ones quarantined.
+
+Records from a reader are normalised and checked in batches (pyarrow compute), so the
+per-document Python work is only reading, decoding and building ids.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from itertools import islice
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.ingest.config import IngestConfig, SourceConfig
+from tasks.ingest.normalize import binary_text_mask, normalize_texts
+from tasks.ingest.partitions import Partition
+from tasks.ingest.readers import READERS, Record
+from tasks.io import DOCUMENT_SCHEMA, document_id, with_quarantine_reason
+
+STAGE = "ingest"
+BATCH_RECORDS = 512
+QUARANTINE_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, pa.field("stage", pa.string()), pa.field("reason", pa.string())])
+
+
+def _meta(source: SourceConfig, extra: dict[str, str]) -> str:
+    return json.dumps({"kind": source.kind, "format": source.format, **extra}, ensure_ascii=False)
+
+
+def _documents(source: SourceConfig, locators: list[str], texts: pa.Array, metas: list[str], ids: list[str]) -> pa.Table:
+    return pa.table(
+        [pa.array(ids, pa.string()), pa.array([source.name] * len(ids), pa.string()), texts,
+         pa.array(locators, pa.string()), pa.array(metas, pa.string())],
+        schema=DOCUMENT_SCHEMA,
+    )
+
+
+def _finish_batch(source: SourceConfig, records: list[Record], config: IngestConfig) -> tuple[pa.Table, pa.Table]:
+    """Normalise the candidates of a batch, check them, and build both tables."""
+    keep_chars = config.quarantine_text_chars
+    rejected: list[tuple[Record, str]] = [(r, r.text[:keep_chars]) for r in records if r.reason is not None]
+    candidates = [r for r in records if r.reason is None]
+    kept = _documents(source, [], pa.array([], pa.string()), [], [])
+    if candidates:
+        raw = pa.array([r.text for r in candidates], pa.string())
+        too_big = pc.greater(pc.binary_length(raw), config.max_doc_bytes).to_pylist()
+        binary = binary_text_mask(raw, config.binary_control_fraction).to_pylist()
+        texts = normalize_texts(raw)
+        chars = pc.utf8_length(texts).to_pylist()
+        blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0).to_pylist()
+        keep_mask = []
+        for i, record in enumerate(candidates):
+            reason = (
+                "too_long" if too_big[i] else
+                "binary" if record.check_binary and binary[i] else
+                "empty" if blank[i] else
+                "too_short" if chars[i] < source.min_chars else
+                "too_long" if chars[i] > source.max_chars else None
+            )
+            keep_mask.append(reason is None)
+            if reason is not None:
+                detail = f"{chars[i]} characters after normalisation" if reason != "binary" else "mostly control characters"
+                rejected.append((record._replace(reason=reason, detail=detail), texts[i].as_py()[:keep_chars]))
+        mask = pa.array(keep_mask)
+        good = [r for r, k in zip(candidates, keep_mask, strict=True) if k]
+        kept = _documents(
+            source,
+            [r.locator for r in good],
+            pc.filter(texts, mask),
+            [_meta(source, {"source_id": r.source_id} if r.source_id is not None else {}) for r in good],
+            [document_id(source.name, r.source_id if r.source_id is not None else r.locator) for r in good],
+        )
+    quarantined = _documents(
+        source,
+        [r.locator for r, _ in rejected],
+        pa.array([text for _, text in rejected], pa.string()),
+        [_meta(source, {"detail": r.detail}) for r, _ in rejected],
+        [document_id(source.name, r.locator) for r, _ in rejected],
+    )
+    quarantined = with_quarantine_reason(quarantined, STAGE, [r.reason for r, _ in rejected])
+    return kept, quarantined
+
+
+def iter_partition(source: SourceConfig, partition: Partition, config: IngestConfig) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """``(kept, quarantined)`` per batch of records of one partition."""
+    records = READERS[source.format](source, partition, config)
+    while batch := list(islice(records, BATCH_RECORDS)):
+        yield _finish_batch(source, batch, config)
+
+
+def ingest_partition(source: SourceConfig, partition: Partition, config: IngestConfig) -> tuple[pa.Table, pa.Table]:
+    """The documents of one partition: ``(kept, quarantined)`` with the DESIGN.md schema
+    (quarantine adds ``stage`` and ``reason``). A pure function of the input files."""
+    kept, quarantined = [], []
+    for k, q in iter_partition(source, partition, config):
+        kept.append(k)
+        quarantined.append(q)
+    empty = _documents(source, [], pa.array([], pa.string()), [], [])
+    return (
+        pa.concat_tables([empty, *kept]),
+        pa.concat_tables([with_quarantine_reason(empty, STAGE, []), *quarantined]),
+    )

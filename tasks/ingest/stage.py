@@ -1,0 +1,119 @@
+"""The ingest stage: every configured source into ``raw/<source>/`` and
+``quarantine/ingest/<source>/``, gated by ``expectations/raw_documents.json`` and
+``expectations/stage_stats.json``, committed as one commit."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.ingest.config import ConfigError, IngestConfig
+from tasks.ingest.documents import STAGE
+from tasks.ingest.partitions import plan_partitions
+from tasks.ingest.runner import run_partitions
+from tasks.io import (
+    DOCUMENT_SCHEMA,
+    PartWriter,
+    StageReport,
+    StageResult,
+    Stopwatch,
+    clear_prefix,
+    commit_stage,
+    config_hash,
+    put_json,
+)
+from tasks.validate.gates import (
+    DocumentSample,
+    GateCheck,
+    gate_docs_dir,
+    publish_data_docs,
+    run_gate,
+    stats_rows,
+    stats_table,
+)
+from versioning import DataRepo
+
+log = logging.getLogger(__name__)
+GATE_COLUMNS = ["id", "source", "text", "locator", "meta"]
+GATE_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, pa.field("text_chars", pa.int64())])
+def run_ingest(
+    repo: DataRepo, branch: str, config: IngestConfig, input_commit: str, flow_run_id: str | None = None
+) -> StageResult:
+    """Ingest every source onto ``branch`` and commit; raises ConfigError before any work,
+    GateFailed (nothing committed) when the output breaks its expectations."""
+    if not config.sources:
+        raise ConfigError("ingest has no sources; add at least one entry to 'sources'")
+    plans = {source.name: plan_partitions(source, config) for source in config.sources}  # fails fast
+
+    with Stopwatch() as clock:
+        for prefix in ("raw", f"quarantine/{STAGE}", f"reports/data_docs/{STAGE}"):
+            clear_prefix(repo, branch, prefix)
+        report = StageReport(stage=STAGE)
+        sample = DocumentSample(config.gate.max_rows, GATE_COLUMNS)
+        stats: list[dict[str, Any]] = []
+        for source in config.sources:
+            counts = {"documents_in": 0, "kept": 0, "rejected": {}}
+            with (
+                PartWriter(repo, branch, f"raw/{source.name}", config.rows_per_part) as kept_writer,
+                PartWriter(repo, branch, f"quarantine/{STAGE}/{source.name}", config.rows_per_part) as quarantine_writer,
+            ):
+                for _, kept, quarantined in run_partitions(source, plans[source.name], config):
+                    kept_writer.write(kept)
+                    quarantine_writer.write(quarantined)
+                    sample.add(kept)
+                    counts["kept"] += kept.num_rows
+                    counts["documents_in"] += kept.num_rows + quarantined.num_rows
+                    for reason in quarantined.column("reason").to_pylist():
+                        counts["rejected"][reason] = counts["rejected"].get(reason, 0) + 1
+            report.documents_in += counts["documents_in"]
+            report.kept += counts["kept"]
+            for reason, n in counts["rejected"].items():
+                report.reject(reason, n)
+            report.per_source[source.name] = {
+                "kind": source.kind,
+                "reference": source.reference,
+                "format": source.format,
+                "partitions": len(plans[source.name]),
+                "raw_parts": len(kept_writer.paths),
+                **counts,
+            }
+            rate = (0.0, config.gate.max_quarantine_rate)
+            stats += stats_rows(
+                source.name,
+                counts["documents_in"],
+                counts["kept"],
+                counts["documents_in"] - counts["kept"],
+                counts["rejected"],
+                {"*": rate},
+            )
+            log.info("ingest %s: %d in, %d kept, rejected %s", source.name, counts["documents_in"], counts["kept"], counts["rejected"])
+
+        outcome = None
+        if config.gate.enabled:
+            docs_dir = gate_docs_dir(STAGE)
+            outcome = run_gate(
+                [
+                    GateCheck(
+                        "raw_documents",
+                        sample.table(GATE_SCHEMA),
+                        {"sources": [s.name for s in config.sources], "max_text_chars": max(s.max_chars for s in config.sources)},
+                        ["locator"],
+                    ),
+                    GateCheck("stage_stats", stats_table(stats), {}, ["source", "rule"]),
+                ],
+                docs_dir,
+            )
+            report.expectations = outcome.to_dict() | {"sampled": sample.sampled, "documents_checked": min(sample.total, config.gate.max_rows)}
+            publish_data_docs(repo, branch, STAGE, docs_dir)
+            if not outcome.success:
+                # left on the branch uncommitted, for a person to read; the flow discards the branch
+                put_json(repo, branch, f"reports/{STAGE}.json", report.to_dict())
+                outcome.raise_if_failed(STAGE)
+            shutil.rmtree(docs_dir, ignore_errors=True)
+    report.seconds = clock.seconds
+    metadata = outcome.metadata() if outcome else {"gate": "disabled"}
+    commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id, metadata)
+    return StageResult(stage=STAGE, commit_id=commit_id, report=report.to_dict())

@@ -1,0 +1,281 @@
+"""Great Expectations gates: run the JSON suites of ``expectations/`` on what a stage wrote,
+render Data Docs, and turn failures into one readable message.
+
+GX is imported inside :func:`run_gate` (importing it costs seconds). Each check validates one
+pandas frame against one suite in an ephemeral context; ``{"$PARAMETER": name}`` values in a
+suite are filled from the check's parameters (the stage's config), so the JSON stays the
+single description of what is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from expectations import load_suite
+from tasks.io import clear_prefix
+from versioning import DataRepo
+
+GATE_TEXT_CHARS = 100  # the frame holds the start of each text; ``text_chars`` its full length
+DOCS_SITE = "tokenlake"
+STATS_SCHEMA = pa.schema(
+    [("source", pa.string()), ("rule", pa.string())]
+    + [(c, pa.int64()) for c in ("documents_in", "kept", "quarantined", "accounted", "removed")]
+    + [(c, pa.float64()) for c in ("removal_rate", "min_removal_rate", "max_removal_rate")]
+)
+_EXPECTED = {
+    "expect_column_values_to_be_unique": "every value unique",
+    "expect_column_values_to_not_be_null": "no nulls",
+    "expect_column_pair_values_to_be_equal": "{column_A} == {column_B} on every row",
+    "expect_column_pair_values_a_to_be_greater_than_b": "{column_A} >= {column_B} on every row",
+    "expect_column_values_to_be_between": "values between {min_value} and {max_value}",
+    "expect_column_values_to_be_in_set": "values in {value_set}",
+    "expect_column_distinct_values_to_contain_set": "every one of {value_set} present",
+    "expect_table_columns_to_match_set": "columns {column_set}",
+    "expect_column_values_to_be_of_type": "type {type_}",
+    "expect_column_value_lengths_to_equal": "length {value}",
+    "expect_column_values_to_be_json_parseable": "valid JSON",
+    "expect_table_row_count_to_be_between": "between {min_value} and {max_value} rows",
+}
+
+
+class GateFailed(RuntimeError):
+    """A stage's output broke its expectations; the message lists each failed expectation."""
+
+
+@dataclass
+class GateCheck:
+    """One suite run on one frame. ``index_columns`` name the failing rows in messages."""
+
+    suite: str
+    frame: pa.Table
+    parameters: dict[str, Any] = field(default_factory=dict)
+    index_columns: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GateOutcome:
+    success: bool
+    suites: list[dict[str, Any]]
+    failures: list[str]
+    docs_dir: str | None = None
+
+    @property
+    def evaluated(self) -> int:
+        return sum(s["evaluated"] for s in self.suites)
+
+    def summary(self) -> str:
+        names = ", ".join(s["suite"] for s in self.suites)
+        if self.success:
+            return f"passed {self.evaluated}/{self.evaluated} expectations ({names})"
+        return f"failed {len(self.failures)}/{self.evaluated} expectations ({names})"
+
+    def metadata(self) -> dict[str, str]:
+        """What the stage commit carries about its gate."""
+        return {"gate": "passed" if self.success else "failed", "gate_summary": self.summary()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"success": self.success, "summary": self.summary(), "failures": self.failures, "suites": self.suites}
+
+    def raise_if_failed(self, stage: str) -> None:
+        if not self.success:
+            where = f"; Data Docs: {self.docs_dir}/index.html" if self.docs_dir else ""
+            raise GateFailed(f"{stage} gate {self.summary()}{where}:\n" + "\n".join(f"- {f}" for f in self.failures))
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy of a GX result value (numpy scalars and the like)."""
+    return json.loads(json.dumps(value, default=lambda v: v.item() if isinstance(v, np.generic) else str(v)))
+
+
+def _observed(result: dict[str, Any]) -> str:
+    if result.get("unexpected_count"):
+        rows = result.get("partial_unexpected_index_list") or result.get("partial_unexpected_list") or []
+        return (
+            f"{result['unexpected_count']} of {result.get('element_count')} rows unexpected, "
+            f"e.g. {json.dumps(_plain(rows[:3]))}"
+        )
+    if result.get("partial_missing_list"):
+        return f"missing {result['partial_missing_list']}"
+    if result.get("details", {}).get("mismatched"):
+        return f"mismatched columns {result['details']['mismatched']}"
+    return f"{json.dumps(_plain(result.get('observed_value')))}"
+
+
+def _describe(validation: dict[str, Any], suite: str) -> tuple[dict[str, Any], str | None]:
+    config = validation["expectation_config"]
+    kwargs = {k: v for k, v in config["kwargs"].items() if k not in ("batch_id", "result_format")}
+    target = kwargs.get("column") or ", ".join(str(kwargs[k]) for k in ("column_A", "column_B") if k in kwargs)
+    exception = (validation.get("exception_info") or {}).get("exception_message")
+    observed = f"error: {exception}" if exception else _observed(validation["result"])
+    entry = {
+        "expectation": config["type"],
+        "target": target,
+        "success": bool(validation["success"]),
+        "observed": observed,
+        "kwargs": _plain(kwargs),
+    }
+    if entry["success"]:
+        return entry, None
+    template = _EXPECTED.get(config["type"])
+    try:
+        expected = template.format(**kwargs) if template else json.dumps(entry["kwargs"])
+    except KeyError:
+        expected = json.dumps(entry["kwargs"])
+    return entry, f"{suite}: {config['type']}({target}): observed {observed}; expected {expected}"
+
+
+def run_gate(checks: Iterable[GateCheck], docs_dir: Path | None = None) -> GateOutcome:
+    """Validate every check; write Data Docs HTML under ``docs_dir`` when given."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    if docs_dir is not None:
+        context.add_data_docs_site(
+            site_name=DOCS_SITE,
+            site_config={
+                "class_name": "SiteBuilder",
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            },
+        )
+    datasource = context.data_sources.add_pandas("tokenlake")
+    suites, failures = [], []
+    for check in checks:
+        batch = datasource.add_dataframe_asset(check.suite).add_batch_definition_whole_dataframe(check.suite)
+        suite = context.suites.add(gx.ExpectationSuite(**load_suite(check.suite)))
+        definition = context.validation_definitions.add(gx.ValidationDefinition(name=check.suite, data=batch, suite=suite))
+        result = definition.run(
+            batch_parameters={"dataframe": check.frame.to_pandas()},
+            expectation_parameters=check.parameters,
+            result_format={
+                "result_format": "SUMMARY",
+                "partial_unexpected_count": 5,
+                "unexpected_index_column_names": check.index_columns,
+            },
+        ).to_json_dict()
+        entries = []
+        for validation in result["results"]:
+            entry, failure = _describe(validation, check.suite)
+            entries.append(entry)
+            if failure:
+                failures.append(failure)
+        suites.append(
+            {
+                "suite": check.suite,
+                "success": bool(result["success"]),
+                "evaluated": len(entries),
+                "rows": check.frame.num_rows,
+                "expectations": entries,
+            }
+        )
+    if docs_dir is not None:
+        context.build_data_docs(site_names=[DOCS_SITE])
+    return GateOutcome(not failures, suites, failures, str(docs_dir) if docs_dir else None)
+
+
+def publish_data_docs(repo: DataRepo, branch: str, stage: str, docs_dir: Path) -> list[str]:
+    """Put the Data Docs pages (HTML, styles, favicon; not GX's unused images and fonts)
+    under ``reports/data_docs/<stage>/`` on ``branch``."""
+    prefix = f"reports/data_docs/{stage}"
+    clear_prefix(repo, branch, prefix)
+    paths = []
+    for path in sorted(docs_dir.rglob("*")):
+        rel = path.relative_to(docs_dir).as_posix()
+        if path.is_file() and (path.suffix in (".html", ".css") or path.name == "favicon.ico"):
+            repo.put(branch, f"{prefix}/{rel}", str(path))
+            paths.append(f"{prefix}/{rel}")
+    return paths
+
+
+def gate_docs_dir(stage: str) -> Path:
+    """A fresh local folder for a stage's Data Docs (kept when the gate fails, so a person can open it)."""
+    return Path(tempfile.mkdtemp(prefix=f"tokenlake-{stage}-docs-"))
+
+
+class DocumentSample:
+    """The documents a gate checks: every one up to ``max_rows``, then the ``max_rows`` with the
+    smallest ids (ids are sha256 hex, so that is a uniform, deterministic sample)."""
+
+    def __init__(self, max_rows: int, columns: list[str]):
+        self.max_rows = max_rows
+        self.columns = columns
+        self.total = 0
+        self._tables: list[pa.Table] = []
+        self._rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self.total += table.num_rows
+        text = table.column("text")
+        slim = table.select(self.columns).set_column(
+            self.columns.index("text"), "text", pc.utf8_slice_codeunits(text, 0, GATE_TEXT_CHARS)
+        )
+        self._tables.append(slim.append_column("text_chars", pc.utf8_length(text).cast(pa.int64())))
+        self._rows += table.num_rows
+        if self._rows > 2 * self.max_rows:
+            self._compact()
+
+    def _compact(self) -> None:
+        merged = pa.concat_tables(self._tables)
+        if merged.num_rows > self.max_rows:
+            merged = merged.take(pc.sort_indices(merged, [("id", "ascending")])[: self.max_rows])
+        self._tables, self._rows = [merged], merged.num_rows
+
+    def table(self, schema: pa.Schema) -> pa.Table:
+        """The sample; ``schema`` (the slim columns + text_chars) gives an empty sample its columns."""
+        self._compact() if self._tables else None
+        return self._tables[0] if self._tables else schema.empty_table()
+
+    @property
+    def sampled(self) -> bool:
+        return self.total > self.max_rows
+
+
+def stats_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """The per-source, per-rule table the stage_stats suite checks (see :func:`stats_rows`)."""
+    return pa.Table.from_pylist(rows, schema=STATS_SCHEMA)
+
+
+def stats_rows(
+    source: str,
+    documents_in: int,
+    kept: int,
+    quarantined: int,
+    failed: dict[str, int],
+    bounds: dict[str, tuple[float, float]],
+) -> list[dict[str, Any]]:
+    """One row per rule with the documents that failed it, and a ``total`` row with every
+    quarantined document; ``bounds`` maps a rule to its (min, max) removal rate, ``"*"``
+    every rule not named."""
+    rows = []
+    for rule, count in [*failed.items(), ("total", quarantined)]:
+        low, high = bounds.get(rule, bounds["*"])
+        rows.append(
+            {
+                "source": source,
+                "rule": rule,
+                "documents_in": documents_in,
+                "kept": kept,
+                "quarantined": quarantined,
+                "accounted": kept + quarantined,
+                "removed": count,
+                "removal_rate": count / documents_in if documents_in else 0.0,
+                "min_removal_rate": low,
+                "max_removal_rate": high,
+            }
+        )
+    return rows

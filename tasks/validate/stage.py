@@ -1,0 +1,210 @@
+"""The validate stage: ``raw/`` at the input commit through the quality filters into
+``filtered/<source>/`` and ``quarantine/validate/<source>/``, gated by
+``expectations/filtered_documents.json`` and ``expectations/stage_stats.json``.
+
+Which sources exist, their kind and whether they are reference sources come from the
+ingest stage's report (``reports/ingest.json`` at the input commit): facts fixed at ingest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.io import (
+    DOCUMENT_SCHEMA,
+    PartWriter,
+    StageReport,
+    StageResult,
+    Stopwatch,
+    clear_prefix,
+    commit_stage,
+    config_hash,
+    iter_batches,
+    put_json,
+    read_parts,
+)
+from tasks.quality.classifier import load_factory
+from tasks.quality.code import CODE_RULES
+from tasks.quality.langid import check_languages
+from tasks.quality.prose import PROSE_RULES
+from tasks.validate.config import TOTAL, ValidateConfig
+from tasks.validate.filters import SIGNAL_FIELDS, STAGE, ClassifierRule, FilterStats, apply_filters
+from tasks.validate.gates import (
+    DocumentSample,
+    GateCheck,
+    gate_docs_dir,
+    publish_data_docs,
+    run_gate,
+    stats_rows,
+    stats_table,
+)
+from versioning import DataRepo, NotFound
+
+log = logging.getLogger(__name__)
+MODEL_PATH = "reports/quality_classifier.npz"
+GATE_COLUMNS = ["id", "source", "text", "locator", "meta", *(f.name for f in SIGNAL_FIELDS)]
+GATE_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, *SIGNAL_FIELDS, pa.field("text_chars", pa.int64())])
+
+
+class ValidateConfigError(ValueError):
+    """A validate misconfiguration found before any work; the message names what to fix."""
+
+
+def read_sources(repo: DataRepo, input_commit: str) -> dict[str, dict[str, Any]]:
+    """Source name -> {kind, reference, kept} as the ingest stage recorded them."""
+    try:
+        ingest = json.loads(repo.get(input_commit, "reports/ingest.json"))
+    except NotFound:
+        raise ValidateConfigError(
+            f"input commit {input_commit[:12]} has no reports/ingest.json; run the ingest stage first"
+        ) from None
+    return {name: {"kind": s["kind"], "reference": s["reference"], "kept": s["kept"]} for name, s in ingest["per_source"].items()}
+
+
+def check_config(config: ValidateConfig, sources: dict[str, dict[str, Any]]) -> None:
+    """Fail fast on overrides for sources or rules that do not fit the input."""
+    for name, overrides in config.per_source.items():
+        if name not in sources:
+            raise ValidateConfigError(f"per_source names {name!r}, which is not an ingested source ({', '.join(sources)})")
+        kind = sources[name]["kind"]
+        foreign = sorted(set(overrides) - set(PROSE_RULES if kind == "prose" else CODE_RULES))
+        if foreign:
+            raise ValidateConfigError(f"per_source[{name!r}] sets {foreign}, which are not {kind} rules")
+    try:
+        check_languages(config.langid)
+    except ValueError as exc:
+        raise ValidateConfigError(str(exc)) from None
+
+
+def _bottom_k_texts(repo: DataRepo, ref: str, sources: list[str], k: int) -> pa.Array:
+    """The texts of the ``k`` documents with the smallest ids among ``sources``: a uniform,
+    deterministic sample read one part at a time."""
+    sample = None
+    for source in sources:
+        for part in read_parts(repo, ref, f"raw/{source}", columns=["id", "text"]):
+            sample = part if sample is None else pa.concat_tables([sample, part])
+            if sample.num_rows > 2 * k:
+                sample = sample.sort_by("id").slice(0, k)
+    if sample is None:
+        return pa.array([], pa.string())
+    return sample.sort_by("id").slice(0, k).column("text").combine_chunks()
+
+
+def train_classifier(
+    repo: DataRepo, input_commit: str, config: ValidateConfig, sources: dict[str, dict[str, Any]]
+) -> tuple[Any, dict[str, Any]]:
+    """``(scorer or None, facts for the report)``: GPT-3 style, reference sources are the positives."""
+    settings = config.classifier
+    eligible = {n: s for n, s in sources.items() if s["kind"] in settings.kinds and s["kept"]}
+    positives = sorted(n for n, s in eligible.items() if s["reference"])
+    negatives = sorted(n for n, s in eligible.items() if not s["reference"])
+    if not settings.enabled:
+        return None, {"active": False, "why": "classifier.enabled is false"}
+    if not positives or not negatives:
+        why = "no source is marked reference" if not positives else "every source is a reference source"
+        return None, {"active": False, "why": f"{why} (among kinds {settings.kinds})"}
+    factory = load_factory(settings.factory)
+    scorer = factory(
+        _bottom_k_texts(repo, input_commit, positives, settings.max_training_docs),
+        _bottom_k_texts(repo, input_commit, negatives, settings.max_training_docs),
+        settings,
+    )
+    facts = {"active": True, "positive_sources": positives, "negative_sources": negatives, **scorer.describe()}
+    return scorer, facts
+
+
+def run_validate(
+    repo: DataRepo, branch: str, config: ValidateConfig, input_commit: str, flow_run_id: str | None = None
+) -> StageResult:
+    """Filter every ingested source onto ``branch`` and commit; ValidateConfigError before
+    any work, GateFailed (nothing committed) when the output breaks its expectations."""
+    sources = read_sources(repo, input_commit)
+    check_config(config, sources)
+    if config.classifier.enabled:
+        try:
+            load_factory(config.classifier.factory)
+        except ValueError as exc:
+            raise ValidateConfigError(str(exc)) from None
+
+    with Stopwatch() as clock:
+        for prefix in ("filtered", f"quarantine/{STAGE}", f"reports/data_docs/{STAGE}"):
+            clear_prefix(repo, branch, prefix)
+        scorer, classifier_facts = train_classifier(repo, input_commit, config, sources)
+        if scorer is not None and (model := scorer.to_bytes()) is not None:
+            repo.put(branch, MODEL_PATH, model)
+        report = StageReport(stage=STAGE, extra={"classifier": classifier_facts})
+        sample = DocumentSample(config.gate.max_rows, GATE_COLUMNS)
+        stats_by_rule: list[dict[str, Any]] = []
+        for name, source in sources.items():
+            rule = None
+            if scorer is not None:
+                rule = ClassifierRule(scorer, apply_keep=config.classifier.filter_reference or not source["reference"])
+            totals, languages = FilterStats(), Counter()
+            with (
+                PartWriter(repo, branch, f"filtered/{name}", config.rows_per_part) as kept_writer,
+                PartWriter(repo, branch, f"quarantine/{STAGE}/{name}", config.rows_per_part) as quarantine_writer,
+            ):
+                for batch in iter_batches(read_parts(repo, input_commit, f"raw/{name}"), config.batch_rows):
+                    kept, quarantined, stats = apply_filters(batch, name, source["kind"], config, rule)
+                    kept_writer.write(kept)
+                    quarantine_writer.write(quarantined)
+                    sample.add(kept)
+                    totals.add(stats)
+                    languages.update(lang for lang in kept.column("lang").to_pylist() if lang is not None)
+            report.documents_in += totals.documents_in
+            report.kept += totals.kept
+            for reason, count in totals.removed.items():
+                report.reject(reason, count)
+            report.per_source[name] = {
+                "kind": source["kind"],
+                "reference": source["reference"],
+                **totals.to_dict(),
+                "kept_languages": dict(languages.most_common(10)),
+            }
+            bounds = {rule_name: config.gate.bounds_for(rule_name) for rule_name in [*totals.rules, TOTAL]}
+            stats_by_rule += stats_rows(
+                name,
+                totals.documents_in,
+                totals.kept,
+                totals.documents_in - totals.kept,
+                {rule_name: totals.failed.get(rule_name, 0) for rule_name in totals.rules},
+                {"*": (0.0, 1.0)} | {r: (b.min or 0.0, 1.0 if b.max is None else b.max) for r, b in bounds.items()},
+            )
+            log.info("validate %s: %d in, %d kept, removed %s", name, totals.documents_in, totals.kept, dict(totals.removed))
+
+        outcome = None
+        if config.gate.enabled:
+            docs_dir = gate_docs_dir(STAGE)
+            with_documents = [n for n, s in sources.items() if s["kept"]]
+            outcome = run_gate(
+                [
+                    GateCheck(
+                        "filtered_documents",
+                        sample.table(GATE_SCHEMA),
+                        {"sources": with_documents, "max_text_chars": config.gate.max_text_chars},
+                        ["locator"],
+                    ),
+                    GateCheck("stage_stats", stats_table(stats_by_rule), {}, ["source", "rule"]),
+                ],
+                docs_dir,
+            )
+            report.expectations = outcome.to_dict() | {
+                "sampled": sample.sampled,
+                "documents_checked": min(sample.total, config.gate.max_rows),
+            }
+            publish_data_docs(repo, branch, STAGE, docs_dir)
+            if not outcome.success:
+                put_json(repo, branch, f"reports/{STAGE}.json", report.to_dict())
+                outcome.raise_if_failed(STAGE)
+            shutil.rmtree(docs_dir, ignore_errors=True)
+    report.seconds = clock.seconds
+    metadata = outcome.metadata() if outcome else {"gate": "disabled"}
+    metadata["classifier"] = "trained" if scorer is not None else "off"
+    commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id, metadata)
+    return StageResult(stage=STAGE, commit_id=commit_id, report=report.to_dict())
