@@ -6,14 +6,16 @@ It then clusters the contents (documents with one content are one node, so exact
 duplicates need no comparison), picks one representative per cluster and returns a
 :class:`DedupPlan` addressed by input row. :func:`apply_plan` then splits each part, read
 again in the same order, into kept rows (with ``dup_cluster``, ``cluster_size``, ``weight``)
-and quarantined rows (with ``reason`` and ``duplicate_of``). Nothing depends on the order
+and quarantined rows (with ``reason``, ``duplicate_of`` and ``dup_cluster``). Nothing depends on the order
 of the input except that row addressing: the same documents give the same clusters and the
 same survivors.
 
 Representative of a cluster: a document already published (in the index) first, so a new
 version never evicts what earlier versions published; then the highest quality score; then
-the smallest id. A removed document's reason is ``exact_duplicate`` when its whitespace-
-normalised text equals its representative's, else ``near_duplicate``.
+the smallest id. A removed document is an ``exact_duplicate`` when a document preferred to
+it has the same whitespace-normalised text (``duplicate_of`` names the most preferred such
+document), else a ``near_duplicate`` (``duplicate_of`` names its cluster's representative).
+``dup_cluster`` always names the representative: the one document of the cluster kept.
 """
 
 from __future__ import annotations
@@ -85,9 +87,12 @@ class DedupPlan:
     weight: np.ndarray  # float64
     removed: np.ndarray  # bool
     reason: np.ndarray  # object: None for kept rows
-    duplicate_of: np.ndarray  # object: the representative's id for removed rows, else None
+    duplicate_of: (
+        np.ndarray
+    )  # object: for removed rows the document they duplicate (see module doc), else None
     index_entries: pa.Table
     clusters: pa.Table  # every document considered: id, cluster, in_input
+    similar_pairs: pa.Table  # verified near-duplicate pairs: id_a, id_b, similarity (one id per content)
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -147,17 +152,16 @@ def plan_dedup(
     quality = np.where(np.isfinite(quality), quality, -np.inf)
     is_published = np.concatenate([published_input, np.ones(int(index_only.sum()), bool)])
     id_rank = pc.rank(pa.array(all_ids, pa.string()), sort_keys="ascending", tiebreaker="first").to_numpy()
-    order = np.lexsort((id_rank, -quality, ~is_published, label))
-    first = order[np.concatenate([[True], label[order][1:] != label[order][:-1]])] if len(order) else order
-    representative_of_label = np.full(len(contents), -1, np.int64)
-    representative_of_label[label[first]] = first
-    representative = representative_of_label[label]
+    preference = (id_rank, -quality, ~is_published)
+    representative = _best_of_group(label, preference)  # the cluster's survivor
+    best_with_text = _best_of_group(content_of, preference)  # the first document of each text
     size = np.bincount(label, minlength=len(contents))[label]
 
     rep_in = representative[:n_in]
     survivor = (rep_in == np.arange(n_in)) | (config.mode == "soft")
-    exact = content_of[:n_in] == content_of[rep_in]
+    exact = best_with_text[:n_in] != np.arange(n_in)
     reason = np.where(survivor, None, np.where(exact, EXACT, NEAR)).astype(object)
+    duplicate_of = np.where(exact, all_ids[best_with_text[:n_in]], all_ids[rep_in])
     weight = size[:n_in] ** -config.soft_weight_exponent if config.mode == "soft" else np.ones(n_in)
     fresh = ~published_input
     index_entries = _index_table(
@@ -173,6 +177,15 @@ def plan_dedup(
             "id": pa.array(all_ids, pa.string()),
             "cluster": pa.array(all_ids[representative], pa.string()),
             "in_input": pa.array(np.arange(len(all_ids)) < n_in),
+        }
+    )
+    first_doc = np.full(len(contents), len(all_ids), np.int64)
+    np.minimum.at(first_doc, content_of, np.arange(len(all_ids)))
+    similar_pairs = pa.table(
+        {
+            "id_a": pa.array(all_ids[first_doc[a[verified]]], pa.string()),
+            "id_b": pa.array(all_ids[first_doc[b[verified]]], pa.string()),
+            "similarity": pa.array(similarity[verified], pa.float64()),
         }
     )
     stats = {
@@ -197,9 +210,10 @@ def plan_dedup(
         weight=weight.astype(np.float64),
         removed=~survivor,
         reason=reason,
-        duplicate_of=np.where(survivor, None, all_ids[rep_in]).astype(object),
+        duplicate_of=np.where(survivor, None, duplicate_of).astype(object),
         index_entries=index_entries,
         clusters=clusters,
+        similar_pairs=similar_pairs,
         stats=stats,
     )
 
@@ -208,7 +222,9 @@ def apply_plan(table: pa.Table, plan: DedupPlan, start: int) -> tuple[pa.Table, 
     """(kept rows with the added columns, quarantined rows with reason and duplicate_of) of the
     part whose first row is input row ``start`` of the plan."""
     rows = slice(start, start + table.num_rows)
-    base = table.drop_columns([c for c in (*ADDED_COLUMNS, "duplicate_of") if c in table.column_names])
+    base = table.drop_columns(
+        [c for c in (*ADDED_COLUMNS, "duplicate_of", "stage", "reason") if c in table.column_names]
+    )
     annotated = (
         base.append_column("dup_cluster", pa.array(plan.dup_cluster[rows], pa.string()))
         .append_column("cluster_size", pa.array(plan.cluster_size[rows], pa.int64()))
@@ -218,6 +234,7 @@ def apply_plan(table: pa.Table, plan: DedupPlan, start: int) -> tuple[pa.Table, 
     kept = annotated.filter(pa.array(~removed))
     rejected = with_quarantine_reason(base.filter(pa.array(removed)), STAGE, list(plan.reason[rows][removed]))
     rejected = rejected.append_column("duplicate_of", pa.array(plan.duplicate_of[rows][removed], pa.string()))
+    rejected = rejected.append_column("dup_cluster", pa.array(plan.dup_cluster[rows][removed], pa.string()))
     return kept, rejected
 
 
@@ -332,6 +349,18 @@ def _positions(ids: np.ndarray, universe: np.ndarray) -> np.ndarray:
         return np.full(len(ids), -1, np.int64)
     found = pc.index_in(pa.array(ids, pa.string()), value_set=pa.array(universe, pa.string()))
     return pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _best_of_group(group: np.ndarray, preference: tuple[np.ndarray, ...]) -> np.ndarray:
+    """For each element, the element of its group that sorts first by ``preference``
+    (``np.lexsort`` keys, last key most significant)."""
+    if len(group) == 0:
+        return np.zeros(0, np.int64)
+    order = np.lexsort((*preference, group))
+    first = order[np.concatenate([[True], group[order][1:] != group[order][:-1]])]
+    best = np.zeros(group.max() + 1, np.int64)
+    best[group[first]] = first
+    return best[group]
 
 
 def _member(ids: np.ndarray, others: np.ndarray) -> np.ndarray:
