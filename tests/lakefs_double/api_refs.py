@@ -1,0 +1,333 @@
+"""The double's handlers for server config, repositories, branches, tags and history."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from tests.lakefs_double.common import (
+    ApiError,
+    Call,
+    Reply,
+    after_marker,
+    commit_json,
+    not_implemented,
+    operation,
+    page,
+    ref_json,
+)
+from versioning.local import LocalRepo
+from versioning.port import Change, MergeConflict, validate_branch, validate_tag
+
+VERSION = "1.84.0"
+_NAMESPACE = re.compile(r"^(s3|gs|https?|mem|local|transient)://.*$")
+STORAGE_CONFIG = {
+    "blockstore_type": "local",
+    "blockstore_namespace_example": "local://example-bucket/",
+    "blockstore_namespace_ValidityRegex": "^local://",
+    "pre_sign_support": False,
+    "pre_sign_support_ui": False,
+    "import_support": False,
+    "import_validity_regex": "^local://",
+}
+
+
+# server
+
+
+@operation("healthCheck")
+def health_check(call: Call) -> Reply:
+    return Reply(204)
+
+
+@operation("getConfig")
+def get_config(call: Call) -> Reply:
+    return Reply(200, json={"storage_config": STORAGE_CONFIG, "version_config": {"version": VERSION}})
+
+
+@operation("getStorageConfig")
+def get_storage_config(call: Call) -> Reply:
+    return Reply(200, json=STORAGE_CONFIG)
+
+
+@operation("getLakeFSVersion")
+def get_version(call: Call) -> Reply:
+    return Reply(200, json={"version": VERSION})
+
+
+# repositories
+
+
+@operation("listRepositories")
+def list_repositories(call: Call) -> Reply:
+    prefix = call.arg("prefix") or ""
+    infos = (info.to_json() for info in call.store.all() if info.name.startswith(prefix))
+    return Reply(200, json=page(infos, lambda r: r["id"], call.arg("after") or "", call.amount()))
+
+
+@operation("createRepository")
+def create_repository(call: Call) -> Reply:
+    if call.flag("bare"):
+        raise not_implemented("creating a bare repository")
+    name, namespace = call.body_field("name"), call.body_field("storage_namespace")
+    if not isinstance(name, str) or not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
+        raise ApiError(400, "name and a storage_namespace URI (s3://, gs://, local://, ...) are required")
+    default_branch = call.body_field("default_branch") or "main"
+    info = call.store.create(name, namespace, validate_branch(default_branch))
+    return Reply(201, json=info.to_json())
+
+
+@operation("getRepository")
+def get_repository(call: Call) -> Reply:
+    return Reply(200, json=call.info.to_json())
+
+
+@operation("deleteRepository")
+def delete_repository(call: Call) -> Reply:
+    call.store.delete(call.path_params["repository"])
+    return Reply(204)
+
+
+# branches
+
+
+@operation("listBranches")
+def list_branches(call: Call) -> Reply:
+    prefix = call.arg("prefix") or ""
+    refs = (ref_json(n, c) for n, c in sorted(call.repo.list_branches().items()) if n.startswith(prefix))
+    return Reply(200, json=page(refs, lambda r: r["id"], call.arg("after") or "", call.amount()))
+
+
+@operation("createBranch")
+def create_branch(call: Call) -> Reply:
+    name, source = call.body_field("name"), call.body_field("source")
+    if not isinstance(name, str) or not isinstance(source, str):
+        raise ApiError(400, "name and source are required")
+    commit_id = call.repo.create_branch(name, source)
+    return Reply(201, body=commit_id.encode(), content_type="text/html")
+
+
+@operation("getBranch")
+def get_branch(call: Call) -> Reply:
+    branch = call.path_params["branch"]
+    heads = call.repo.list_branches()
+    if branch not in heads:
+        raise ApiError(404, f"branch {branch!r} not found")
+    return Reply(200, json=ref_json(branch, heads[branch]))
+
+
+@operation("deleteBranch")
+def delete_branch(call: Call) -> Reply:
+    branch = call.path_params["branch"]
+    if branch == call.info.default_branch:
+        raise ApiError(403, "cannot delete repository default branch")
+    call.repo.delete_branch(branch)
+    return Reply(204)
+
+
+@operation("resetBranch")
+def reset_branch(call: Call) -> Reply:
+    if call.body_field("type") != "reset":
+        raise not_implemented("resetting one object or prefix")
+    call.repo.discard_uncommitted(call.path_params["branch"])
+    return Reply(204)
+
+
+@operation("hardResetBranch")
+def hard_reset_branch(call: Call) -> Reply:
+    branch = call.path_params["branch"]
+    require_clean(call.repo, branch)
+    call.repo.reset_hard(branch, call.required("ref"))
+    return Reply(204)
+
+
+@operation("diffBranch")
+def diff_branch(call: Call) -> Reply:
+    if call.arg("delimiter"):
+        raise not_implemented("diff with a delimiter")
+    changes = uncommitted(call.repo, call.path_params["branch"], call.arg("prefix") or "")
+    return diff_page(call, call.path_params["branch"], changes)
+
+
+def uncommitted(repo: LocalRepo, branch: str, prefix: str = "") -> list[Change]:
+    """The staged changes of ``branch``: its listing against its head commit's."""
+    staged = {s.path: s.checksum for s in repo.list(branch, prefix)}
+    committed = {s.path: s.checksum for s in repo.list(repo.resolve(branch), prefix)}
+    changes = [
+        Change(path, "added" if path not in committed else "removed" if path not in staged else "changed")
+        for path in staged.keys() | committed.keys()
+        if staged.get(path) != committed.get(path)
+    ]
+    return sorted(changes, key=lambda c: c.path)
+
+
+def require_clean(repo: LocalRepo, branch: str) -> None:
+    if uncommitted(repo, branch):
+        raise ApiError(400, "uncommitted changes (dirty branch)")
+
+
+# tags
+
+
+@operation("listTags")
+def list_tags(call: Call) -> Reply:
+    prefix = call.arg("prefix") or ""
+    refs = (ref_json(n, c) for n, c in sorted(call.repo.list_tags().items()) if n.startswith(prefix))
+    return Reply(200, json=page(refs, lambda r: r["id"], call.arg("after") or "", call.amount()))
+
+
+@operation("createTag")
+def create_tag(call: Call) -> Reply:
+    tag, ref = call.body_field("id"), call.body_field("ref")
+    if not isinstance(tag, str) or not isinstance(ref, str):
+        raise ApiError(400, "id and ref are required")
+    return Reply(201, json=ref_json(tag, call.repo.create_tag(tag, ref)))
+
+
+@operation("getTag")
+def get_tag(call: Call) -> Reply:
+    tag = validate_tag(call.path_params["tag"])
+    tags = call.repo.list_tags()
+    if tag not in tags:
+        raise ApiError(404, f"tag {tag!r} not found")
+    return Reply(200, json=ref_json(tag, tags[tag]))
+
+
+@operation("deleteTag")
+def delete_tag(call: Call) -> Reply:
+    call.repo.delete_tag(call.path_params["tag"])
+    return Reply(204)
+
+
+# commits and history
+
+
+@operation("commit")
+def commit(call: Call) -> Reply:
+    if call.arg("source_metarange") or call.body_field("date") is not None:
+        raise not_implemented("committing a metarange or with a date")
+    message = call.body_field("message")
+    if not isinstance(message, str):
+        raise ApiError(400, "message is required")
+    created = call.repo.commit(
+        call.path_params["branch"], message, call.body_field("metadata"), bool(call.body_field("allow_empty"))
+    )
+    return Reply(201, json=commit_json(created))
+
+
+@operation("getCommit")
+def get_commit(call: Call) -> Reply:
+    return Reply(200, json=commit_json(call.repo.get_commit(call.path_params["commitId"])))
+
+
+@operation("logCommits")
+def log_commits(call: Call) -> Reply:
+    unsupported = ("objects", "prefixes", "first_parent", "since", "stop_at")
+    if any(call.arg(name) for name in unsupported):
+        raise not_implemented(f"log filters ({', '.join(unsupported)})")
+    commits = after_marker(call.repo.log(call.path_params["ref"]), lambda c: c.id, call.arg("after") or "")
+    listing = page((commit_json(c) for c in commits), lambda c: c["id"], "", call.amount())
+    if call.flag("limit"):
+        listing["pagination"].update(has_more=False, next_offset="")
+    return Reply(200, json=listing)
+
+
+@operation("diffRefs")
+def diff_refs(call: Call) -> Reply:
+    if call.arg("delimiter"):
+        raise not_implemented("diff with a delimiter")
+    repo, left, right = call.repo, call.path_params["leftRef"], call.path_params["rightRef"]
+    if (call.arg("type") or "three_dot") == "three_dot":
+        left = merge_base(repo, left, right)
+    return diff_page(call, right, repo.diff(left, right, call.arg("prefix") or ""), removed_from=left)
+
+
+def diff_page(call: Call, right: str, changes: list[Change], removed_from: str | None = None) -> Reply:
+    repo = call.repo
+    left = removed_from or repo.resolve(right)
+
+    def entry(change: Change) -> dict[str, object]:
+        sized = repo.stat(left if change.kind == "removed" else right, change.path)
+        return {"type": change.kind, "path": change.path, "path_type": "object", "size_bytes": sized.size}
+
+    listing = page(changes, lambda c: c.path, call.arg("after") or "", call.amount())
+    listing["results"] = [entry(change) for change in listing["results"]]
+    return Reply(200, json=listing)
+
+
+@operation("findMergeBase")
+def find_merge_base(call: Call) -> Reply:
+    repo, source, destination = (
+        call.repo,
+        call.path_params["sourceRef"],
+        call.path_params["destinationBranch"],
+    )
+    return Reply(
+        200,
+        json={
+            "source_commit_id": repo.resolve(source),
+            "destination_commit_id": repo.resolve(destination),
+            "base_commit_id": merge_base(repo, source, destination),
+        },
+    )
+
+
+def merge_base(repo: LocalRepo, left: str, right: str) -> str:
+    """The best common ancestor: one that no other common ancestor descends from (newest on ties)."""
+    theirs = {c.id: c for c in repo.log(left)}
+    common = [c for c in repo.log(right) if c.id in theirs]
+    if not common:
+        raise ApiError(404, "no merge base")
+    ancestors_of_others = set()
+    for candidate in common:
+        ancestors_of_others.update(_strict_ancestors(theirs, candidate.id))
+    best = [c for c in common if c.id not in ancestors_of_others]
+    return max(best, key=lambda c: c.created).id
+
+
+def _strict_ancestors(commits: dict, start: str) -> Iterator[str]:
+    stack, seen = list(commits[start].parents), set()
+    while stack:
+        cid = stack.pop()
+        if cid in seen:
+            continue
+        seen.add(cid)
+        yield cid
+        stack.extend(commits[cid].parents)
+
+
+@operation("mergeIntoBranch")
+def merge_into_branch(call: Call) -> Reply:
+    if call.body_field("strategy") or call.body_field("squash_merge") or call.body_field("allow_empty"):
+        raise not_implemented("merge strategies, squash and empty merges")
+    repo, source, destination = (
+        call.repo,
+        call.path_params["sourceRef"],
+        call.path_params["destinationBranch"],
+    )
+    require_clean(repo, destination)
+    try:
+        merged = repo.merge(
+            source, destination, call.body_field("message") or "", call.body_field("metadata")
+        )
+    except MergeConflict:
+        # lakeFS answers a conflict with an empty MergeResult and does not name the paths.
+        return Reply(409, json={"reference": ""})
+    return Reply(200, json={"reference": merged})
+
+
+@operation("revertBranch")
+def revert_branch(call: Call) -> Reply:
+    overrides = call.body_field("commit_overrides") or {}
+    if overrides.get("message") or call.body_field("allow_empty"):
+        raise not_implemented("reverting with a message override or allow_empty")
+    repo, branch = call.repo, call.path_params["branch"]
+    reverted = repo.get_commit(call.body_field("ref") or "")
+    parent_number = call.body_field("parent_number") or 0
+    if parent_number == 0:
+        if len(reverted.parents) > 1:
+            raise ApiError(409, "must specify 1-based parent number for reverting merge commit")
+        parent_number = 1
+    require_clean(repo, branch)
+    repo.revert(branch, reverted.id, parent_number, overrides.get("metadata"))
+    return Reply(204)

@@ -1,0 +1,71 @@
+"""The lakeFS backends of the contract suite: LakeFSRepo over the API double (with and
+without faults) and over a real lakeFS when one is configured.
+
+The double's validation mode is on: a backend fails its test if any request or response
+broke the official spec, or if the SDK called an endpoint the double does not implement.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+import lakefs
+import pytest
+
+from tests.lakefs_double import FaultConfig, LakeFSDouble
+from versioning import DataRepo
+from versioning.lakefs import LakeFSRepo, RetryPolicy
+
+REAL_ENDPOINT_ENV = "TOKENLAKE_LAKEFS_ENDPOINT"
+REAL_ACCESS_KEY_ENV = "TOKENLAKE_LAKEFS_ACCESS_KEY_ID"
+REAL_SECRET_KEY_ENV = "TOKENLAKE_LAKEFS_SECRET_ACCESS_KEY"
+
+# Retries fast enough for tests, patient enough that 20% faults never exhaust them
+# (six failures in a row: 0.2**6, about one call in 15,000).
+TEST_RETRY = RetryPolicy(attempts=8, base_delay_s=0.002, max_delay_s=0.02)
+FAULTS = FaultConfig(error_rate=0.1, drop_rate=0.1, latency_s=0.0, seed=20240601)
+
+
+@contextmanager
+def double_backend(workdir: Path, faults: FaultConfig | None = None) -> Iterator[DataRepo]:
+    with LakeFSDouble(workdir / "lakefs-double", faults=faults) as double:
+        yield LakeFSRepo.connect(
+            double.endpoint, double.access_key_id, double.secret_access_key, "contract", retry=TEST_RETRY
+        )
+        assert double.violations == [], "the lakeFS double saw spec violations:\n" + "\n".join(
+            double.violations
+        )
+        if faults is not None:
+            assert sum(double.injected.values()) > 0, "the faulty backend injected no faults"
+
+
+def faulty_double_backend(workdir: Path) -> AbstractContextManager[DataRepo]:
+    return double_backend(workdir, FAULTS)
+
+
+@contextmanager
+def real_backend(workdir: Path) -> Iterator[DataRepo]:
+    endpoint = os.environ.get(REAL_ENDPOINT_ENV)
+    access_key, secret = os.environ.get(REAL_ACCESS_KEY_ENV), os.environ.get(REAL_SECRET_KEY_ENV)
+    if not (endpoint and access_key and secret):
+        pytest.skip(
+            f"no real lakeFS: set {REAL_ENDPOINT_ENV}, {REAL_ACCESS_KEY_ENV} and {REAL_SECRET_KEY_ENV} to run"
+        )
+    name = f"tokenlake-test-{uuid.uuid4().hex[:12]}"
+    repo = LakeFSRepo.connect(endpoint, access_key, secret, name)
+    try:
+        yield repo
+    finally:
+        client = lakefs.Client(host=endpoint, username=access_key, password=secret)
+        lakefs.Repository(name, client=client).delete()
+
+
+LAKEFS_BACKENDS: dict[str, Callable[[Path], AbstractContextManager[DataRepo]]] = {
+    "lakefs-double": double_backend,
+    "lakefs-double-faults": faulty_double_backend,
+    "lakefs-real": real_backend,
+}
