@@ -4,8 +4,9 @@ A stage reads its input at an immutable commit id, so a result keyed on that id 
 hash of the stage's config is exact: the same key can only ever mean the same output. Two
 inputs are not commits and are folded into the key as fingerprints:
 
-* ingest reads the source files, so its key covers every selected file's path, size and
-  modification time (as ``make`` and ``rsync`` judge freshness; content is not re-read);
+* ingest reads nothing from the repository: its input is the source files, so its key is
+  every selected file's path, size and modification time (as ``make`` and ``rsync`` judge
+  freshness; content is not re-read) instead of a commit id;
 * shard may reuse the tokenizer of another dataset ref (``reuse_tokenizer_from``), which is
   resolved to its commit id, so moving that ref invalidates the key.
 
@@ -85,7 +86,7 @@ def stage_cache_key(stage: str, repo_spec: str, input_commit: str, config: Any) 
     parts = {
         "stage": stage,
         "repository": repository_identity(repo_spec),
-        "input_commit": input_commit,
+        "input_commit": "" if stage == "ingest" else input_commit,
         "config_hash": config_hash(config),
         "inputs": input_fingerprint(stage, config, repo_spec),
     }

@@ -21,12 +21,12 @@ from flows.artifacts import SummaryLinks, stages_table, summary
 from flows.chain import IO_RETRIES, RunChain
 from flows.params import CurateParams, GateConfig
 from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish
-from tasks.dedup import dedup_task
-from tasks.ingest import ingest_task
+from tasks.dedup.task import dedup_task
+from tasks.ingest.task import ingest_task
 from tasks.io import StageResult, config_hash
 from tasks.mix import mix_task
 from tasks.shard.task import shard_task
-from tasks.validate import validate_task
+from tasks.validate.task import validate_task
 from versioning import NotFound, open_repo
 
 

@@ -8,6 +8,7 @@ file (source paths, a local repository) are taken relative to the file's directo
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from formats.mix import MixSpec
-from tasks.dedup import DedupConfig
+from tasks.dedup.config import DedupConfig
 from tasks.ingest.config import IngestConfig
 from tasks.shard.config import ShardConfig
-from tasks.validate import ValidateConfig
+from tasks.validate.config import ValidateConfig
 
 
 class RepositoryConfig(BaseModel):
@@ -117,7 +118,7 @@ def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:
 
     def resolve(value: str) -> str:
         expanded = Path(value).expanduser()
-        return str(expanded if expanded.is_absolute() else base / expanded)
+        return os.path.normpath(expanded if expanded.is_absolute() else base / expanded)
 
     for source in data.get("ingest", {}).get("sources", []):
         if isinstance(source, dict) and isinstance(source.get("path"), str):

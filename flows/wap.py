@@ -188,7 +188,7 @@ def publish(
         if done:
             if done.tag not in repo.list_tags():
                 repo.create_tag(done.tag, done.commit)
-            return PublishedVersion(done.tag, done.commit, new=True)
+            return PublishedVersion(done.tag, done.commit, new=done.flow_run_id == flow_run_id)
         main_head = repo.resolve(MAIN)
         if not repo.diff(main_head, run_head):
             return _already_on_main(repo, main_head)
