@@ -72,13 +72,25 @@ def insert(conn: sqlite3.Connection, row: CommitRow) -> None:
     )
 
 
+# Commit ids are content hashes: a row read once never changes (absent ids are not cached).
+_LOADED: dict[str, CommitRow] = {}
+_LOADED_CACHE_SIZE = 50_000
+
+
 def load(conn: sqlite3.Connection, cid: str) -> CommitRow | None:
+    cached = _LOADED.get(cid)
+    if cached is not None:
+        return cached
     row = conn.execute(
         "SELECT id, tree, parents, message, metadata, created, generation FROM commits WHERE id=?", (cid,)
     ).fetchone()
     if row is None:
         return None
-    return CommitRow(row[0], row[1], tuple(json.loads(row[2])), row[3], json.loads(row[4]), row[5], row[6])
+    loaded = CommitRow(row[0], row[1], tuple(json.loads(row[2])), row[3], json.loads(row[4]), row[5], row[6])
+    if len(_LOADED) >= _LOADED_CACHE_SIZE:
+        _LOADED.clear()
+    _LOADED[cid] = loaded
+    return loaded
 
 
 def find_by_prefix(conn: sqlite3.Connection, prefix: str) -> list[str]:

@@ -54,6 +54,7 @@ class ObjectStore:
         self.dir = root / "objects"
         self.temp_dir = self.dir / "tmp"
         self.durable = durable
+        self._dir_text = str(self.dir)
 
     def create(self) -> None:
         self.temp_dir.mkdir(parents=True, exist_ok=True)
@@ -62,8 +63,8 @@ class ObjectStore:
         if self.durable:
             _fsync_dir(self.dir)
 
-    def path(self, sha256: str) -> Path:
-        return self.dir / sha256[:2] / sha256[2:]
+    def path(self, sha256: str) -> str:
+        return os.path.join(self._dir_text, sha256[:2], sha256[2:])
 
     def open(self, sha256: str, label: str) -> BinaryIO:
         try:
@@ -111,7 +112,7 @@ class ObjectStore:
     def _write_buffer(self, view: memoryview) -> tuple[str, int]:
         if len(view) < SMALL_BYTES:
             sha256 = hashlib.sha256(view).hexdigest()
-            if self.path(sha256).exists():  # these bytes are stored already
+            if os.path.exists(self.path(sha256)):  # these bytes are stored already
                 return sha256, len(view)
 
             def fill(fd: int) -> tuple[str, int]:
@@ -157,12 +158,12 @@ class ObjectStore:
                 os.fdatasync(fd)
             os.close(fd)
             final = self.path(sha256)
-            if final.exists():
+            if os.path.exists(final):
                 os.unlink(temp)
             else:
                 os.rename(temp, final)
                 if self.durable:
-                    _fsync_dir(final.parent)
+                    _fsync_dir(os.path.dirname(final))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -304,7 +305,7 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: Path | str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

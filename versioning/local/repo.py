@@ -148,8 +148,7 @@ class LocalRepo:
     def put(self, branch: str, path: str, data: PutSource) -> ObjectStat:
         validate_branch(branch)
         validate_path(path)
-        with self._db.read() as conn:
-            self._branch_head(conn, branch)  # fail before copying gigabytes to a missing branch
+        self._branch_head(self._db.connection(), branch)  # fail before copying gigabytes in vain
         try:
             sha256, size = self._objects.write(data)
         except OSError as exc:

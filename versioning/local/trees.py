@@ -32,16 +32,33 @@ def same_content(a: FileEntry | None, b: FileEntry | None) -> bool:
 def lookup(conn: sqlite3.Connection, tree: str, path: str) -> FileEntry | None:
     *dirs, name = path.split("/")
     for part in dirs:
-        row = conn.execute(
-            "SELECT target FROM tree_entries WHERE tree=? AND is_dir=1 AND name=?", (tree, part)
-        ).fetchone()
-        if row is None:
+        subtree = subdirectory(conn, tree, part)
+        if subtree is None:
             return None
-        tree = row[0]
+        tree = subtree
     row = conn.execute(
         "SELECT target, size, mtime FROM tree_entries WHERE tree=? AND is_dir=0 AND name=?", (tree, name)
     ).fetchone()
     return None if row is None else (row[0], row[1], row[2])
+
+
+# Trees are content-addressed, so (tree id, name) -> subtree id never changes, in any
+# repository: cache it (cleared when large) to spare path walks their repeated queries.
+_SUBDIRECTORIES: dict[tuple[str, str], str | None] = {}
+_SUBDIRECTORY_CACHE_SIZE = 200_000
+
+
+def subdirectory(conn: sqlite3.Connection, tree: str, name: str) -> str | None:
+    key = (tree, name)
+    if key in _SUBDIRECTORIES:
+        return _SUBDIRECTORIES[key]
+    row = conn.execute(
+        "SELECT target FROM tree_entries WHERE tree=? AND is_dir=1 AND name=?", (tree, name)
+    ).fetchone()
+    if len(_SUBDIRECTORIES) >= _SUBDIRECTORY_CACHE_SIZE:
+        _SUBDIRECTORIES.clear()
+    _SUBDIRECTORIES[key] = subtree = None if row is None else row[0]
+    return subtree
 
 
 def iterate(conn: sqlite3.Connection, tree: str, prefix: str = "") -> Iterator[tuple[str, FileEntry]]:
@@ -50,12 +67,10 @@ def iterate(conn: sqlite3.Connection, tree: str, prefix: str = "") -> Iterator[t
     base = ""
     if directory:
         for part in directory.split("/"):
-            row = conn.execute(
-                "SELECT target FROM tree_entries WHERE tree=? AND is_dir=1 AND name=?", (tree, part)
-            ).fetchone()
-            if row is None:
+            subtree = subdirectory(conn, tree, part)
+            if subtree is None:
                 return
-            tree = row[0]
+            tree = subtree
         base = directory + "/"
     yield from _walk(conn, tree, base, name_prefix)
 
