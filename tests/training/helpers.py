@@ -1,0 +1,119 @@
+"""Shared pieces of the training tests: a small dataset commit, configs, torchrun launches."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from training.config import CheckpointConfig, DataConfig, ModelConfig, StabilityConfig, TrainConfig
+from training.metrics import read_metrics
+from training.synthetic import publish_synthetic_dataset
+from versioning.local import LocalRepo
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = {"web": 240, "code": 160}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    home: Path
+    repo: Path
+    commit: str
+
+
+def make_dataset(home: Path, branch: str = "main", seed: int = 0) -> Dataset:
+    repo_path = home / "repo"
+    repo = LocalRepo(repo_path)
+    repo.ensure()
+    commit = publish_synthetic_dataset(
+        repo, branch, SOURCES, seq_len=32, vocab_size=256, total_samples=1200, seed=seed
+    )
+    return Dataset(home, repo_path, commit)
+
+
+def make_config(ds: Dataset, run: str, **fields) -> TrainConfig:
+    """A tiny, fast run: 2-layer model, 8 sequences of 32 tokens per step."""
+    defaults = dict(
+        run=run,
+        commit=ds.commit,
+        repo=str(ds.repo),
+        home=str(ds.home),
+        steps=16,
+        global_batch=8,
+        micro_batch=2,
+        model=ModelConfig.preset("tiny"),
+        data=DataConfig(heldout_fraction=0.05, eval_sequences=16, prefetch_batches=2),
+        checkpoint=CheckpointConfig(every=4, keep_last=3),
+        stability=StabilityConfig(window=8, min_history=4),
+        eval_every=8,
+        progress=False,
+    )
+    return TrainConfig(**{**defaults, **fields})
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+
+
+def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / f"step-{step:07d}" / "model.pt", weights_only=True)
+
+
+def torchrun_command(config: TrainConfig, nproc: int) -> list[str]:
+    path = config.run_dir().parent / f"{config.run}.config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config.model_dump_json())
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "-m", "training", "--config", str(path),
+    ]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun(config: TrainConfig, nproc: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        torchrun_command(config, nproc), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300
+    )
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def torchrun_killed_after(config: TrainConfig, nproc: int, step: int) -> int:
+    """Launch, and SIGKILL the workers and torchrun from outside once ``step`` is logged (at
+    whatever point of the next step or save they are). Returns torchrun's exit status."""
+    metrics = config.run_dir() / "metrics.jsonl"
+    seen = len(train_records(config.run_dir())) if metrics.exists() else 0
+    proc = subprocess.Popen(
+        torchrun_command(config, nproc), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        records = train_records(config.run_dir()) if metrics.exists() else []
+        if any(r["step"] >= step for r in records[seen:]):
+            for pid in [*_children(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            break
+        time.sleep(0.05)
+    return proc.wait(timeout=60)
