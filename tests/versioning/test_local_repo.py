@@ -204,7 +204,9 @@ def test_a_listing_is_a_snapshot(local: LocalRepo):
     assert [s.path for s in listing] == ["f1", "f2", "f3", "f4"]
 
 
-def test_commit_rewrites_only_the_changed_directories(local: LocalRepo):
+def test_commit_rewrites_only_the_changed_directories(tmp_path: Path):
+    local = LocalRepo(tmp_path / "repo", durable=False)  # a thousand fsyncs would test nothing here
+    local.ensure()
     for d in range(20):
         for f in range(50):
             local.put("main", f"data/dir{d:02}/file{f:02}", f"{d}/{f}".encode())

@@ -57,9 +57,8 @@ class ObjectStore:
         self._dir_text = str(self.dir)
 
     def create(self) -> None:
+        """The store's directories; the 256 fan-out directories appear as objects land."""
         self.temp_dir.mkdir(parents=True, exist_ok=True)
-        for i in range(256):
-            (self.dir / f"{i:02x}").mkdir(exist_ok=True)
         if self.durable:
             _fsync_dir(self.dir)
 
@@ -161,9 +160,7 @@ class ObjectStore:
             if os.path.exists(final):
                 os.unlink(temp)
             else:
-                os.rename(temp, final)
-                if self.durable:
-                    _fsync_dir(os.path.dirname(final))
+                self._rename_into_place(temp, final)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -171,6 +168,21 @@ class ObjectStore:
                 os.unlink(temp)
             raise
         return sha256, size
+
+
+    def _rename_into_place(self, temp: str, final: str) -> None:
+        fan_out = os.path.dirname(final)
+        try:
+            os.rename(temp, final)
+        except FileNotFoundError:
+            if not os.path.isdir(self.temp_dir):
+                raise
+            os.makedirs(fan_out, exist_ok=True)
+            if self.durable:
+                _fsync_dir(self.dir)
+            os.rename(temp, final)
+        if self.durable:
+            _fsync_dir(fan_out)
 
 
 def _regular_file_offset(source: object) -> int | None:
