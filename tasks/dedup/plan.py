@@ -278,25 +278,25 @@ def _scan(parts: Iterable[pa.Table], config: DedupConfig, known: set[bytes]) -> 
                 f"an input part lacks column(s) {', '.join(missing)}; dedup reads the filtered stage"
             )
         texts = table.column("text").combine_chunks()
-        part_keys = np.concatenate(
-            [content_keys(texts.slice(a, b - a)) for a, b in _byte_batches(texts, config.batch_bytes)] or [[]]
-        ).astype("S16")
-        to_hash = []
-        for row, key in enumerate(part_keys.tolist()):
-            if key not in known:
-                known.add(key)
-                to_hash.append(row)
-        if to_hash:
-            fresh_texts = texts.take(pa.array(to_hash, pa.int64()))
-            for a, b in _byte_batches(fresh_texts, config.batch_bytes):
-                batch = fresh_texts.slice(a, b - a)
-                hashes, offsets = shingle_hashes(batch, config.ngram)
-                new_signatures.append(signatures(hashes, offsets, config.num_perm, config.seed))
-                shingled += int(pc.sum(pc.binary_length(batch)).as_py() or 0)
-            new_keys.append(part_keys[to_hash])
+        for first, stop in _byte_batches(texts, config.batch_bytes):
+            batch = texts.slice(first, stop - first)
+            batch_keys = content_keys(batch)
+            to_hash = []
+            for row, key in enumerate(batch_keys.tolist()):
+                if key not in known:
+                    known.add(key)
+                    to_hash.append(row)
+            keys.append(batch_keys)
+            if not to_hash:
+                continue
+            if len(to_hash) < len(batch):  # hash each new text once
+                batch = batch.take(pa.array(to_hash, pa.int64()))
+            hashes, offsets = shingle_hashes(batch, config.ngram)
+            new_signatures.append(signatures(hashes, offsets, config.num_perm, config.seed))
+            new_keys.append(batch_keys[to_hash])
+            shingled += int(pc.sum(pc.binary_length(batch)).as_py() or 0)
         ids.append(table.column("id").to_numpy(zero_copy_only=False).astype(object))
         sources.append(table.column("source").to_numpy(zero_copy_only=False).astype(object))
-        keys.append(part_keys)
         quality.append(_quality(table, config.quality_column))
     return _Scan(
         ids=np.concatenate(ids) if ids else np.zeros(0, object),

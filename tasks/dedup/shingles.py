@@ -93,19 +93,16 @@ def content_keys(texts: pa.Array) -> np.ndarray:
     previous_space[offsets[:-1][offsets[:-1] < len(data)]] = True  # a document starts after "whitespace"
     keep = ~(space & previous_space)  # drop leading and repeated whitespace
     normalised = np.maximum(data, np.uint8(32))[keep]
-    lengths = np.diff(offsets)
-    kept = np.zeros(len(lengths), np.int64)
-    nonempty = lengths > 0  # reduceat over non-empty documents only: each runs to the next one's start
-    if nonempty.any():
-        kept[nonempty] = np.add.reduceat(keep.view(np.uint8), offsets[:-1][nonempty], dtype=np.int64)
-    ends = np.cumsum(kept)
-    starts = ends - kept
-    if len(normalised):  # one trailing space is left where a document ends in whitespace
-        ends -= (kept > 0) & (normalised[np.maximum(ends - 1, 0)] == 32)
     view = memoryview(normalised)
-    keys = [
-        hashlib.sha256(view[s:e]).digest()[:16] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
-    ]
+    keys = []
+    start = 0
+    for first, stop in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+        kept = int(np.count_nonzero(keep[first:stop]))
+        end = start + kept
+        if kept and normalised[end - 1] == 32:  # one space is left where a document ends in whitespace
+            end -= 1
+        keys.append(hashlib.sha256(view[start:end]).digest()[:16])
+        start += kept
     return np.array(keys, dtype="S16") if keys else np.zeros(0, "S16")
 
 
