@@ -193,6 +193,26 @@ def test_commit_ids_resolve_from_a_unique_prefix(local: LocalRepo):
         local.resolve(commit.id[:5])  # too short to be taken as a commit id
 
 
+def test_ancestry_suffixes(local: LocalRepo):
+    root = local.resolve("main")
+    local.put("main", "a", b"1")
+    first = local.commit("main", "one").id
+    local.create_branch("dev", "main")
+    local.put("dev", "b", b"2")
+    dev = local.commit("dev", "two").id
+    local.put("main", "c", b"3")
+    local.commit("main", "three")
+    merge = local.merge("dev", "main")
+    assert local.resolve("main~1") == local.get_commit(merge).parents[0]
+    assert local.resolve("main^2") == dev
+    assert local.resolve("main~2") == first == local.resolve("main^~1") == local.resolve("main^1~1^0")
+    assert local.resolve(f"{dev[:10]}~2") == root
+    local.put("main", "staged", b"s")
+    assert not local.exists("main~0", "staged")  # a suffixed ref is a commit, not the branch
+    with pytest.raises(NotFound, match="main~9"):
+        local.resolve("main~9")
+
+
 def test_a_listing_is_a_snapshot(local: LocalRepo):
     for i in range(5):
         local.put("main", f"f{i}", b"x")

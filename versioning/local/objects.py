@@ -169,7 +169,6 @@ class ObjectStore:
             raise
         return sha256, size
 
-
     def _rename_into_place(self, temp: str, final: str) -> None:
         fan_out = os.path.dirname(final)
         try:

@@ -16,7 +16,8 @@ Semantics follow lakeFS (see versioning.port). Where lakeFS leaves a choice:
 * ``revert`` that would change nothing raises NoChanges; one whose paths were changed
   again since raises Conflict naming them;
 * the default branch cannot be deleted;
-* commit ids may be abbreviated to a unique prefix of at least 6 hex digits.
+* commit ids may be abbreviated to a unique prefix of at least 6 hex digits, and any ref
+  takes lakeFS's ancestry suffixes (``main~1``, ``v1^2``).
 
 Garbage collection is not implemented: objects of deleted branches and orphan objects
 of interrupted writes stay on disk (never visible through the port).
@@ -55,6 +56,7 @@ from versioning.port import (
 
 INITIAL_MESSAGE = "Repository created"
 _HEX_PREFIX = re.compile(r"^[0-9a-f]{6,64}$")
+_ANCESTRY = re.compile(r"^(.*?)((?:[~^]\d*)*)$", re.DOTALL)
 
 
 class LocalRepo:
@@ -363,9 +365,22 @@ class LocalRepo:
         return self._resolve_with_branch(conn, ref)[0]
 
     def _resolve_with_branch(self, conn: sqlite3.Connection, ref: str) -> tuple[str, str | None]:
-        """(commit id, branch name if ``ref`` is a branch). Branch, then tag, then commit id."""
+        """(commit id, branch name if ``ref`` is a branch). Branch, then tag, then commit id;
+        lakeFS's ancestry suffixes apply to any of them: ``~N`` (N first parents up), ``^N`` (parent N)."""
         if not isinstance(ref, str) or not ref or "\x00" in ref:
             raise InvalidPath(f"ref {ref!r} is not a branch, tag or commit id")
+        base, modifiers = _ANCESTRY.match(ref).groups()  # type: ignore[union-attr]
+        if modifiers:
+            cid = self._resolve(conn, base)
+            for op, digits in re.findall(r"([~^])(\d*)", modifiers):
+                count = int(digits or 1)
+                for _ in range(count if op == "~" else min(count, 1)):  # "^0" is the commit itself
+                    parents = self._commit(conn, cid).parents
+                    index = 0 if op == "~" else count - 1
+                    if index >= len(parents):
+                        raise NotFound(f"ref {ref!r} not found in repository {self.name!r}: no such ancestor")
+                    cid = parents[index]
+            return cid, None
         row = conn.execute("SELECT head FROM branches WHERE name=?", (ref,)).fetchone()
         if row:
             return row[0], ref
