@@ -284,3 +284,31 @@ def test_config_refuses_unknown_fields_and_a_tiny_vocabulary() -> None:
         ShardConfig(vocab_size=100, special_tokens=["<|pad|>"])
     with pytest.raises(ValueError, match="must be distinct"):
         ShardConfig(special_tokens=["<|endoftext|>"])
+
+
+@pytest.mark.slow
+def test_the_task_in_a_flow_leaves_table_and_progress_artifacts(prefect_harness, tmp_path) -> None:
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    repo, input_commit = build_dedup_repo(tmp_path / "repo")
+    repo.create_branch("curate-1", "main")
+
+    @flow
+    def shard_only():
+        from prefect.runtime import flow_run
+
+        return flow_run.id, shard_task(str(tmp_path / "repo"), "curate-1", SMALL, input_commit, flow_run.id)
+
+    flow_run_id, result = shard_only()
+    assert repo.get_commit(result.commit_id).metadata["flow_run_id"] == flow_run_id
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    by_type = {a.type: a for a in artifacts}
+    assert by_type["progress"].data == 100
+    table = json.loads(by_type["table"].data)
+    assert by_type["table"].key == "shard-stage"
+    assert {row["source"] for row in table} == {"web", "code", "empty"}
