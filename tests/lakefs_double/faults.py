@@ -21,6 +21,7 @@ class FaultConfig:
     drop_rate: float = 0.0  # fraction of requests whose connection closes without a response
     latency_s: float = 0.0  # added before every response
     seed: int = 0
+    operations: frozenset[str] | None = None  # operationIds the faults hit; None: every operation
 
     def __post_init__(self) -> None:
         if not (
@@ -45,8 +46,10 @@ class FaultInjector:
         self._rng = random.Random(config.seed)
         self._lock = threading.Lock()
 
-    def draw(self, may_answer_503: bool) -> Fault:
+    def draw(self, operation_id: str, may_answer_503: bool) -> Fault:
         """The fault for the next request; ``may_answer_503`` is False where the spec has no 5xx answer."""
+        if self.config.operations is not None and operation_id not in self.config.operations:
+            return Fault.NONE
         with self._lock:
             roll, coin = self._rng.random(), self._rng.random()
             if roll < self.config.drop_rate:

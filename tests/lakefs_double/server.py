@@ -230,7 +230,7 @@ class _Handler(BaseHTTPRequestHandler):
         faults = double.faults
         if faults.latency_s:
             time.sleep(faults.latency_s)
-        fault = double._injector.draw(op.may_answer_503)
+        fault = double._injector.draw(op.operation_id, op.may_answer_503)
         if fault is Fault.DROP_BEFORE:
             self.close_connection = True
             return

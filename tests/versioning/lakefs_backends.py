@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
 import lakefs
+import lakefs.exceptions
 import pytest
 
 from tests.lakefs_double import FaultConfig, LakeFSDouble
@@ -30,12 +31,18 @@ TEST_RETRY = RetryPolicy(attempts=8, base_delay_s=0.002, max_delay_s=0.02)
 FAULTS = FaultConfig(error_rate=0.1, drop_rate=0.1, latency_s=0.0, seed=20240601)
 
 
+def connect(double: LakeFSDouble, repository: str = "contract", **options) -> LakeFSRepo:
+    """A LakeFSRepo talking to ``double`` with the test retry policy (overridable)."""
+    options.setdefault("retry", TEST_RETRY)
+    return LakeFSRepo.connect(
+        double.endpoint, double.access_key_id, double.secret_access_key, repository, **options
+    )
+
+
 @contextmanager
 def double_backend(workdir: Path, faults: FaultConfig | None = None) -> Iterator[DataRepo]:
     with LakeFSDouble(workdir / "lakefs-double", faults=faults) as double:
-        yield LakeFSRepo.connect(
-            double.endpoint, double.access_key_id, double.secret_access_key, "contract", retry=TEST_RETRY
-        )
+        yield connect(double)
         assert double.violations == [], "the lakeFS double saw spec violations:\n" + "\n".join(
             double.violations
         )
@@ -61,7 +68,8 @@ def real_backend(workdir: Path) -> Iterator[DataRepo]:
         yield repo
     finally:
         client = lakefs.Client(host=endpoint, username=access_key, password=secret)
-        lakefs.Repository(name, client=client).delete()
+        with suppress(lakefs.exceptions.NotFoundException):
+            lakefs.Repository(name, client=client).delete()
 
 
 LAKEFS_BACKENDS: dict[str, Callable[[Path], AbstractContextManager[DataRepo]]] = {

@@ -51,7 +51,6 @@ from versioning.port import (
 )
 
 WRITE_ID = "tokenlake_write_id"
-PAGE = 1000
 _MARKER_SEARCH_DEPTH = 50
 T = TypeVar("T")
 
@@ -110,9 +109,14 @@ class LakeFSRepo:
         storage_namespace: str | None = None,
         retry: RetryPolicy | None = None,
         timeout_s: tuple[float, float] = (10.0, 300.0),
+        page_size: int = 1000,
         rng: random.Random | None = None,
     ):
+        """``timeout_s``: (connect, read) seconds per request; ``page_size``: listing page (lakeFS caps it at 1000)."""
+        if not 1 <= page_size <= 1000:
+            raise ValueError(f"page_size must be between 1 and 1000, not {page_size}")
         self.name = validate_repo_name(repository)
+        self.page_size = page_size
         self.endpoint = check_endpoint(credentials.endpoint)
         self.storage_namespace = storage_namespace or f"{namespace_prefix()}/{repository}"
         self._client = _client(credentials, timeout_s)
@@ -247,7 +251,9 @@ class LakeFSRepo:
     ) -> Iterator[lakefs_sdk.Ref]:
         after = ""
         while True:
-            page = self._call(action, lambda after=after: list_page(self.name, after=after, amount=PAGE))
+            page = self._call(
+                action, lambda after=after: list_page(self.name, after=after, amount=self.page_size)
+            )
             yield from page.results
             if not page.pagination.has_more:
                 return
@@ -309,7 +315,7 @@ class LakeFSRepo:
         listing = self._resumable(
             f"list {prefix!r} at ref {ref!r}",
             lambda after, remaining: lakefs.Reference(self.name, ref, self._client).objects(
-                prefix=prefix or None, after=after, amount=PAGE
+                prefix=prefix or None, after=after, amount=self.page_size
             ),
             key=lambda info: info.path,
         )
@@ -441,7 +447,7 @@ class LakeFSRepo:
         commits = self._resumable(
             f"read the log of {ref!r}",
             lambda after, remaining: lakefs.Reference(self.name, ref, self._client).log(
-                max_amount=remaining, after=after, amount=min(PAGE, remaining or PAGE)
+                max_amount=remaining, after=after, amount=min(self.page_size, remaining or self.page_size)
             ),
             key=lambda commit: commit.id,
             limit=limit,
@@ -456,7 +462,7 @@ class LakeFSRepo:
         changes = self._resumable(
             f"diff {left!r} against {right!r}",
             lambda after, remaining: lakefs.Reference(self.name, left, self._client).diff(
-                right, prefix=prefix or None, after=after, amount=PAGE, type="two_dot"
+                right, prefix=prefix or None, after=after, amount=self.page_size, type="two_dot"
             ),
             key=lambda change: change.path,
         )
