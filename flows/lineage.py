@@ -1,0 +1,446 @@
+"""Lineage queries: what data a checkpoint was trained on, and which checkpoints a data version trained.
+
+Pure functions over a :class:`~versioning.DataRepo` (no Prefect). Everything they read is in
+the dataset repository, so they answer the same on both adapters:
+
+* branch ``runs`` (one listing of ``runs/``, then the records read in parallel):
+
+  - ``runs/<run>/checkpoints/step-NNNNNNN.json``: one per saved checkpoint, written by the
+    trainer (:mod:`training.lineage`): the checkpoint's ``meta.json`` without the config;
+  - ``runs/<run>/events/<kind>-step-NNNNNNN.json``: rollbacks of a diverging run, a resume on
+    other data (``data-change``), a run forked from another run's checkpoint (``fork``);
+  - ``runs/<run>/taints/step-NNNNNNN.json``: ``{"marks": [...]}``, one mark per dataset
+    rollback that found the checkpoint trained on data no longer on ``main``
+    (:mod:`flows.rollback`); a tainted checkpoint is never deleted;
+  - ``runs/_rollbacks/<tag>.json``: one record per rollback of ``main``.
+
+* the data commits: a publish merge names its stage chain (:class:`flows.wap.PublishRecord`),
+  each stage commit carries its config hash and flow-run id, the ingest report names the
+  sources, and ``shards/manifest.json`` + ``mix.json`` turn a training step's global sample
+  positions into (source, shard, sequence).
+
+A checkpoint is named ``RUN@STEP`` or by its directory on disk; a data version by tag,
+branch or commit id.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flows.wap import PublishRecord
+from formats.mix import MixPlan
+from formats.shards import Manifest
+from training.checkpoint import META
+from training.data import MANIFEST_PATH, MIX_PATH, batch_positions
+from training.lineage import LINEAGE_BRANCH
+from versioning import DataRepo, NotFound
+
+RUNS_PREFIX = "runs/"
+ROLLBACK_RECORDS = "runs/_rollbacks/"
+ROLLBACK_TAG_PREFIX = "rollback-"
+CURATE_STAGES = ("ingest", "validate", "dedup", "shard", "mix")
+READ_WORKERS = 16  # records are small; on lakeFS each read is one HTTP round trip
+
+_CHECKPOINT = re.compile(r"^runs/(?P<run>[^/_][^/]*)/checkpoints/step-(?P<step>\d+)\.json$")
+_EVENT = re.compile(r"^runs/(?P<run>[^/_][^/]*)/events/(?P<kind>[a-z-]+)-step-(?P<step>\d+)\.json$")
+_TAINT = re.compile(r"^runs/(?P<run>[^/_][^/]*)/taints/step-(?P<step>\d+)\.json$")
+_ROLLBACK = re.compile(r"^runs/_rollbacks/(?P<tag>[^/]+)\.json$")
+CHECKPOINT_REF = re.compile(r"^(?P<run>[A-Za-z0-9][A-Za-z0-9._-]{0,99})@(?P<step>\d+)$")
+
+
+class LineageError(ValueError):
+    """A lineage question that cannot be answered; the message says what to give instead."""
+
+
+def taint_record_path(run: str, step: int) -> str:
+    return f"runs/{run}/taints/step-{step:07d}.json"
+
+
+def rollback_record_path(tag: str) -> str:
+    return f"{ROLLBACK_RECORDS}{tag}.json"
+
+
+@dataclass(frozen=True)
+class TaintMark:
+    """One rollback's verdict on one checkpoint: trained on data that left ``main``."""
+
+    rollback: str  # the rollback's tag
+    target: str  # the commit main was restored to
+    data_commit: str
+    reason: str
+    marked_at: float
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A checkpoint as lineage knows it (the trainer's record, plus taint marks)."""
+
+    run: str
+    step: int
+    data_commit: str
+    tokens: int
+    metrics: dict[str, Any]
+    checkpoint: str  # the checkpoint's directory on the machine that trained it
+    flow_run_id: str
+    saved_at: float
+    taints: tuple[TaintMark, ...] = ()
+    record: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.run}@{self.step}"
+
+    @property
+    def tainted(self) -> bool:
+        return bool(self.taints)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], taints: Iterable[TaintMark] = ()) -> CheckpointRecord:
+        return cls(
+            run=str(record["run"]),
+            step=int(record["step"]),
+            data_commit=str((record.get("data") or {}).get("commit", "")),
+            tokens=int(record.get("tokens", 0)),
+            metrics=dict(record.get("metrics") or {}),
+            checkpoint=str(record.get("checkpoint", "")),
+            flow_run_id=str(record.get("flow_run_id", "")),
+            saved_at=float(record.get("saved_at", 0.0)),
+            taints=tuple(taints),
+            record=record,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: the record's facts, without the loader state."""
+        return {
+            "checkpoint": self.name,
+            "run": self.run,
+            "step": self.step,
+            "tokens": self.tokens,
+            "data_commit": self.data_commit,
+            "metrics": self.metrics,
+            "tainted": self.tainted,
+            "taints": [mark.__dict__ for mark in self.taints],
+            "path": self.checkpoint,
+            "flow_run_id": self.flow_run_id,
+        }
+
+
+@dataclass
+class LineageIndex:
+    """Every lineage record on branch ``runs`` at one commit, read in one pass."""
+
+    commit: str | None  # None when branch ``runs`` does not exist yet
+    checkpoints: list[CheckpointRecord]
+    events: list[dict[str, Any]]
+    rollbacks: list[dict[str, Any]]
+
+    def of_run(self, run: str) -> list[CheckpointRecord]:
+        return [c for c in self.checkpoints if c.run == run]
+
+    def find(self, run: str, step: int) -> CheckpointRecord | None:
+        return next((c for c in self.checkpoints if c.run == run and c.step == step), None)
+
+    def trained_on(self, commit_id: str) -> list[CheckpointRecord]:
+        return [c for c in self.checkpoints if c.data_commit == commit_id]
+
+
+def read_json_objects(repo: DataRepo, ref: str, paths: list[str]) -> list[Any]:
+    """The JSON objects at ``paths``, read in parallel (order kept)."""
+    if len(paths) <= 1:
+        return [json.loads(repo.get(ref, p)) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(READ_WORKERS, len(paths))) as pool:
+        return list(pool.map(lambda p: json.loads(repo.get(ref, p)), paths))
+
+
+def read_lineage(repo: DataRepo, run: str | None = None) -> LineageIndex:
+    """Every record under ``runs/`` (or one run's and the rollback records) at ``runs``' head."""
+    try:
+        commit = repo.resolve(LINEAGE_BRANCH)
+    except NotFound:
+        return LineageIndex(None, [], [], [])
+    prefixes = [f"{RUNS_PREFIX}{run}/", ROLLBACK_RECORDS] if run else [RUNS_PREFIX]
+    paths = [stat.path for prefix in prefixes for stat in repo.list(commit, prefix)]
+    kinds = {name: [p for p in paths if pattern.match(p)] for name, pattern in (
+        ("checkpoint", _CHECKPOINT), ("event", _EVENT), ("taint", _TAINT), ("rollback", _ROLLBACK))}
+    wanted = [p for name in ("checkpoint", "event", "taint", "rollback") for p in kinds[name]]
+    body = dict(zip(wanted, read_json_objects(repo, commit, wanted), strict=True))
+
+    marks: dict[tuple[str, int], list[TaintMark]] = {}
+    for path in kinds["taint"]:
+        match = _TAINT.match(path)
+        assert match is not None
+        key = (match["run"], int(match["step"]))
+        marks[key] = [TaintMark(**mark) for mark in body[path].get("marks", [])]
+    checkpoints = sorted(
+        (CheckpointRecord.from_record(body[p], marks.get(_run_step(_CHECKPOINT, p), ())) for p in kinds["checkpoint"]),
+        key=lambda c: (c.run, c.step),
+    )
+    events = []
+    for path in kinds["event"]:
+        match = _EVENT.match(path)
+        assert match is not None
+        events.append({"run": match["run"], "kind": match["kind"], "step": int(match["step"]), **body[path]})
+    rollbacks = sorted((body[p] for p in kinds["rollback"]), key=lambda r: r.get("created", 0.0))
+    return LineageIndex(commit, checkpoints, events, rollbacks)
+
+
+def _run_step(pattern: re.Pattern[str], path: str) -> tuple[str, int]:
+    match = pattern.match(path)
+    assert match is not None
+    return match["run"], int(match["step"])
+
+
+# ---- data versions -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageCommit:
+    """One curate stage of a data version: the commit that ended it and what made it."""
+
+    stage: str
+    commit: str
+    config_hash: str
+    flow_run_id: str
+    input_commit: str
+
+
+@dataclass(frozen=True)
+class DataVersion:
+    """What a data commit is: a publish (its merge, tag and stage chain), a rollback, or a plain commit."""
+
+    commit: str
+    kind: str  # "publish", "rollback", "revert", "restore", a stage name, or "commit"
+    message: str
+    tags: tuple[str, ...]
+    publish_commit: str  # the publish merge whose content this commit holds ("" if none)
+    publish_tag: str
+    publish_flow_run_id: str
+    restores: str  # for rollback commits: the commit whose content main was restored to
+    stages: tuple[StageCommit, ...]
+    sources: tuple[dict[str, Any], ...]
+    reverted_by: tuple[str, ...]  # tags of rollbacks that took this version off main
+
+
+def describe_data(repo: DataRepo, ref: str, index: LineageIndex | None = None) -> DataVersion:
+    """The publish, stage chain and sources behind the data commit ``ref`` resolves to."""
+    commit = repo.get_commit(repo.resolve(ref))
+    tags = tuple(sorted(t for t, c in repo.list_tags().items() if c == commit.id))
+    kind = commit.metadata.get("stage") or "commit"
+    restores = commit.metadata.get("target", "") if kind in ("rollback", "revert", "restore") else ""
+    published = _publish_behind(repo, commit.id)
+    record = PublishRecord.from_commit(repo.get_commit(published)) if published else None
+    if record is not None:
+        stages = tuple(_stage_commit(repo, link.stage, link.commit) for link in record.chain)
+    else:
+        stages = _stage_chain(repo, commit.id)
+    reverted_by = tuple(
+        r["tag"] for r in (index.rollbacks if index else ()) if commit.id in r.get("off_main", ())
+    )
+    return DataVersion(
+        commit=commit.id,
+        kind=kind,
+        message=commit.message,
+        tags=tags,
+        publish_commit=record.commit if record else "",
+        publish_tag=record.tag if record else "",
+        publish_flow_run_id=record.flow_run_id if record else "",
+        restores=restores,
+        stages=stages,
+        sources=_sources(repo, stages),
+        reverted_by=reverted_by,
+    )
+
+
+def _publish_behind(repo: DataRepo, commit_id: str, depth: int = 8) -> str:
+    """The publish merge whose content ``commit_id`` holds: itself, or what a rollback restored."""
+    for _ in range(depth):
+        meta = repo.get_commit(commit_id).metadata
+        if meta.get("stage") == "publish" and "chain" in meta:
+            return commit_id
+        if meta.get("stage") in ("rollback", "revert", "restore") and meta.get("target"):
+            commit_id = meta["target"]
+            continue
+        return ""
+    return ""
+
+
+def _stage_commit(repo: DataRepo, stage: str, commit_id: str) -> StageCommit:
+    meta = repo.get_commit(commit_id).metadata
+    return StageCommit(
+        stage=stage,
+        commit=commit_id,
+        config_hash=meta.get("stage_config_hash", ""),
+        flow_run_id=meta.get("flow_run_id", ""),
+        input_commit=meta.get("input_commit", ""),
+    )
+
+
+def _stage_chain(repo: DataRepo, commit_id: str) -> tuple[StageCommit, ...]:
+    """An unpublished commit of a curate run: its stage commits, found by walking first parents."""
+    found = []
+    commit = repo.get_commit(commit_id)
+    while commit.metadata.get("stage") in CURATE_STAGES:
+        found.append(_stage_commit(repo, commit.metadata["stage"], commit.id))
+        if not commit.parents:
+            break
+        commit = repo.get_commit(commit.parents[0])
+    return tuple(reversed(found))
+
+
+def _sources(repo: DataRepo, stages: tuple[StageCommit, ...]) -> tuple[dict[str, Any], ...]:
+    """The source sections the ingest stage ran with (as its report records them)."""
+    ingest = next((s for s in stages if s.stage == "ingest"), None)
+    if ingest is None:
+        return ()
+    try:
+        report = json.loads(repo.get(ingest.commit, "reports/ingest.json"))
+    except NotFound:
+        return ()
+    configured = (report.get("extra") or {}).get("sources")
+    if configured:
+        return tuple(configured)
+    counts = {"documents_in", "kept", "rejected", "partitions", "raw_parts"}
+    return tuple(
+        {"name": name, **{k: v for k, v in stats.items() if k not in counts}}
+        for name, stats in sorted((report.get("per_source") or {}).items())
+    )
+
+
+# ---- checkpoints -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointLineage:
+    checkpoint: CheckpointRecord
+    data: DataVersion
+    events: tuple[dict[str, Any], ...]  # the run's events up to this checkpoint's step
+
+
+def find_checkpoint(repo: DataRepo, name: str, index: LineageIndex | None = None) -> CheckpointRecord:
+    """``RUN@STEP`` or a checkpoint directory on disk -> its lineage record."""
+    directory = Path(name)
+    if (directory / META).is_file():
+        meta = json.loads((directory / META).read_text())
+        run, step = str(meta["run"]), int(meta["step"])
+    elif match := CHECKPOINT_REF.match(name):
+        run, step, meta = match["run"], int(match["step"]), None
+    else:
+        raise LineageError(f"{name!r} is neither a checkpoint directory nor RUN@STEP")
+    index = index or read_lineage(repo, run)
+    found = index.find(run, step)
+    if found is not None:
+        return found
+    if meta is not None:  # its lineage record is still queued on the training machine
+        record = {k: v for k, v in meta.items() if k != "config"} | {"checkpoint": str(directory.resolve())}
+        return CheckpointRecord.from_record(record)
+    steps = ", ".join(str(c.step) for c in index.of_run(run)) or "none"
+    raise LineageError(
+        f"no lineage record for checkpoint {run}@{step} on branch {LINEAGE_BRANCH!r} "
+        f"(run {run!r} has checkpoints at steps: {steps})"
+    )
+
+
+def checkpoint_lineage(repo: DataRepo, name: str) -> CheckpointLineage:
+    """Everything lineage knows about one checkpoint: its data version, stage chain, sources, events."""
+    checkpoint = find_checkpoint(repo, name)
+    index = read_lineage(repo, checkpoint.run)
+    checkpoint = index.find(checkpoint.run, checkpoint.step) or checkpoint
+    events = tuple(e for e in index.events if e["run"] == checkpoint.run and e["step"] <= checkpoint.step)
+    return CheckpointLineage(checkpoint, describe_data(repo, checkpoint.data_commit, index), events)
+
+
+def checkpoints_on(repo: DataRepo, ref: str, index: LineageIndex | None = None) -> list[CheckpointRecord]:
+    """Every checkpoint of every run trained on the commit ``ref`` resolves to, by run and step."""
+    commit_id = repo.resolve(ref)
+    return (index or read_lineage(repo)).trained_on(commit_id)
+
+
+# ---- what a training step read -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplePosition:
+    position: int  # global sample position (world-size independent)
+    source: str
+    epoch: int  # that source's epoch
+    source_sequence: int  # sequence index within the source
+    shard: str  # repository path of the shard holding it
+    sequence: int  # row within that shard
+
+
+@dataclass(frozen=True)
+class _SampleSpace:
+    """What :func:`training.data.batch_positions` needs of a dataset: the plan and training sequences."""
+
+    plan: MixPlan
+    train_sequences: np.ndarray
+
+
+def train_sequence_counts(plan: MixPlan, heldout_fraction: float) -> np.ndarray:
+    """Per source, the sequences the trainer trains on: all but the held-out tail (as TokenDataset)."""
+    sequences = np.asarray(plan.source_sequences, np.int64)
+    heldout = np.where(sequences >= 2, np.ceil(sequences * heldout_fraction), 0).astype(np.int64)
+    return sequences - heldout
+
+
+def training_config(checkpoint: CheckpointRecord) -> dict[str, Any]:
+    """The run's TrainConfig as a dict: from the record, the checkpoint's meta.json or the run's config.json."""
+    if "config" in checkpoint.record:
+        return dict(checkpoint.record["config"])
+    directory = Path(checkpoint.checkpoint)
+    for path in (directory / META, directory.parent.parent / "config.json"):
+        if path.is_file():
+            loaded = json.loads(path.read_text())
+            return dict(loaded.get("config", loaded))
+    raise LineageError(
+        f"the training config of run {checkpoint.run!r} is not in its lineage record and neither "
+        f"{directory / META} nor {directory.parent.parent / 'config.json'} exists on this machine; "
+        "ask on the machine that trained it"
+    )
+
+
+def step_positions(repo: DataRepo, checkpoint: CheckpointRecord, step: int) -> list[SamplePosition]:
+    """The global sample positions training step ``step`` of ``checkpoint``'s run read, each with
+    its source, shard and sequence; replayed from the newest earlier checkpoint's loader state."""
+    if not 1 <= step <= checkpoint.step:
+        raise LineageError(
+            f"step {step} is not one that {checkpoint.name} trained: give a step from 1 to {checkpoint.step}"
+        )
+    run = read_lineage(repo, checkpoint.run).of_run(checkpoint.run) or [checkpoint]
+    start = max((c for c in run if c.step < step), key=lambda c: c.step, default=None)
+    covering = min((c for c in run if c.step >= step), key=lambda c: c.step, default=checkpoint)
+    config = training_config(checkpoint)
+    plan = MixPlan.from_json(repo.get(covering.data_commit, MIX_PATH))
+    manifest = Manifest.from_json(repo.get(covering.data_commit, MANIFEST_PATH))
+    heldout = float((config.get("data") or {}).get("heldout_fraction", 0.01))
+    space = _SampleSpace(plan, train_sequence_counts(plan, heldout))
+    # Skipped windows only grow, and each lies past the checkpoint it was added at, so the
+    # covering checkpoint's list is the one that held for every step up to it.
+    skipped = [tuple(w) for w in covering.record.get("loader", {}).get("skipped", [])]
+    cursor = int(start.record["loader"]["cursor"]) if start else 0
+    for _ in range((start.step if start else 0) + 1, step):
+        _, cursor = batch_positions(space, cursor, int(config["global_batch"]), skipped)
+    positions, _ = batch_positions(space, cursor, int(config["global_batch"]), skipped)
+    return locate_positions(plan, manifest, positions)
+
+
+def locate_positions(plan: MixPlan, manifest: Manifest, positions: np.ndarray) -> list[SamplePosition]:
+    source, epoch, index = plan.locate(positions)
+    shard_tables = []
+    for name in plan.source_names:
+        entries = manifest.shards_of(name)
+        shard_tables.append((entries, np.cumsum([0] + [e.sequences for e in entries])))
+    found = []
+    for p, s, e, k in zip(positions.tolist(), source.tolist(), epoch.tolist(), index.tolist(), strict=True):
+        entries, starts = shard_tables[s]
+        shard = int(np.searchsorted(starts, k, side="right")) - 1
+        found.append(SamplePosition(p, plan.source_names[s], e, k, entries[shard].name, k - int(starts[shard])))
+    return found
