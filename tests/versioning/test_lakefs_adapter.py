@@ -13,8 +13,9 @@ import pytest
 
 from tests.lakefs_double import FaultConfig, LakeFSDouble
 from tests.versioning.lakefs_backends import connect
-from versioning import NotFound, TransientError
-from versioning.lakefs import RetryPolicy
+from versioning import InvalidPath, NotFound, RepoError, TransientError
+from versioning.lakefs import LakeFSRepo, RetryPolicy
+from versioning.local import LocalRepo
 
 COMMIT_ID = re.compile(r"[0-9a-f]{64}")  # commit ids differ between runs (they hash timestamps)
 
@@ -238,3 +239,47 @@ def test_retry_delays_grow_exponentially_with_jitter_and_a_cap():
         assert len(set(delays)) > 100  # jittered
     with pytest.raises(ValueError):
         RetryPolicy(attempts=0)
+
+
+def test_errors_have_the_local_adapters_types(tmp_path: Path):
+    def failures(repo) -> list[str]:
+        repo.ensure()
+        repo.put("main", "a", b"a")
+        head = repo.commit("main", "c").id
+        calls = [
+            lambda: repo.delete_branch("main"),  # the default branch
+            lambda: repo.revert("main", head, parent_number=2),
+            lambda: repo.commit("main", "again"),
+            lambda: repo.create_branch("main", head),
+            lambda: repo.merge("main", "nowhere"),
+            lambda: repo.stat(head, "missing"),
+            lambda: repo.log("missing-ref"),
+            lambda: repo.put("main", "a", 42),
+        ]
+        kinds = []
+        for call in calls:
+            with pytest.raises(RepoError) as caught:
+                call()
+            kinds.append(type(caught.value).__name__)
+        return kinds
+
+    with LocalRepo(tmp_path / "local") as local:
+        expected = failures(local)
+    with LakeFSDouble(tmp_path / "backing") as double:
+        assert failures(connect(double)) == expected
+    assert expected == [
+        "Conflict",
+        "InvalidPath",
+        "NoChanges",
+        "Conflict",
+        "NotFound",
+        "NotFound",
+        "NotFound",
+        "InvalidPath",
+    ]
+
+
+def test_the_write_marker_is_reserved():
+    repo = LakeFSRepo.connect("http://127.0.0.1:9", "key", "secret", "demo")
+    with pytest.raises(InvalidPath, match="tokenlake_write_id"):
+        repo.commit("main", "m", {"tokenlake_write_id": "x"})

@@ -89,6 +89,12 @@ def test_bad_endpoints_are_refused(endpoint: str, expected: str):
     assert "TopSecret123" not in one_sentence(caught.value)
 
 
+@pytest.mark.parametrize(("key", "secret", "expected"), [("", "s", "access key id"), ("k", "", "secret access key")])
+def test_empty_credentials_are_refused(key: str, secret: str, expected: str):
+    with pytest.raises(LakeFSConfigError, match=f"{expected} is empty"):
+        LakeFSRepo.connect("http://localhost:8000", key, secret, "demo")
+
+
 def test_bad_repository_names_are_refused():
     with pytest.raises(ValueError, match="repository name"):
         LakeFSRepo.connect("http://localhost:8000", "key", "secret", "Bad_Name")

@@ -31,9 +31,18 @@ class LakeFSConfigError(RepoError):
 
 @dataclass(frozen=True)
 class LakeFSCredentials:
+    """Where lakeFS is and who we are; the secret stays out of the repr."""
+
     endpoint: str
     access_key_id: str
     secret_access_key: str = field(repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "endpoint", check_endpoint(self.endpoint))
+        if not isinstance(self.access_key_id, str) or not self.access_key_id.strip():
+            raise LakeFSConfigError(f"the lakeFS access key id is empty: set {ACCESS_KEY_ENV}")
+        if not isinstance(self.secret_access_key, str) or not self.secret_access_key:
+            raise LakeFSConfigError(f"the lakeFS secret access key is empty: set {SECRET_KEY_ENV}")
 
 
 def check_endpoint(endpoint: str) -> str:
@@ -80,7 +89,7 @@ def lakectl_credentials(
             f"credentials.secret_access_key to {path}"
         )
     return LakeFSCredentials(
-        endpoint=check_endpoint(values[ENDPOINT_ENV]),
+        endpoint=values[ENDPOINT_ENV],
         access_key_id=values[ACCESS_KEY_ENV],
         secret_access_key=values[SECRET_KEY_ENV],
     )

@@ -22,7 +22,7 @@ from lakefs.exceptions import ServerException
 from pydantic import ValidationError
 
 from versioning.lakefs.config import ACCESS_KEY_ENV, SECRET_KEY_ENV, LakeFSConfigError
-from versioning.port import Conflict, NoChanges, NotFound, RepoError, TransientError
+from versioning.port import Conflict, InvalidPath, NoChanges, NotFound, RepoError, TransientError
 
 log = logging.getLogger("versioning.lakefs")
 T = TypeVar("T")
@@ -133,13 +133,15 @@ class ErrorMapper:
                 f"lakeFS at {self.endpoint} rejected the credentials (HTTP 401): check {ACCESS_KEY_ENV} "
                 f"and {SECRET_KEY_ENV} (or credentials in ~/.lakectl.yaml)"
             )
+        lowered = reason.lower()
+        if status == 403 and "default branch" in lowered:
+            return Conflict(f"cannot {action}: {reason} ({where})")
         if status == 403:
             return RepoError(
                 f"cannot {action}: {where} forbids it (HTTP 403: {reason}); check permissions and branch protection"
             )
         if status == 404:
             return NotFound(f"cannot {action}: {reason} ({where})")
-        lowered = reason.lower()
         if status == 400 and "no changes" in lowered:
             return NoChanges(f"cannot {action}: no changes ({where})")
         if status == 409:
@@ -148,6 +150,8 @@ class ErrorMapper:
             status == 400 and ("dirty branch" in lowered or "uncommitted changes" in lowered)
         ):
             return Conflict(f"cannot {action}: {reason} ({where})")
+        if status == 400:
+            return InvalidPath(f"cannot {action}: lakeFS refused the request as invalid ({reason}; {where})")
         return RepoError(f"cannot {action}: {where} answered HTTP {status} ({reason})")
 
 

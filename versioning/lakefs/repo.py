@@ -20,15 +20,9 @@ from typing import BinaryIO, TypeVar
 
 import lakefs
 import lakefs_sdk
-import urllib3
-from lakefs_sdk.rest import RESTClientObject
 
-from versioning.lakefs.config import (
-    LakeFSCredentials,
-    check_endpoint,
-    lakectl_credentials,
-    namespace_prefix,
-)
+from versioning.lakefs.client import sdk_client
+from versioning.lakefs.config import LakeFSCredentials, lakectl_credentials, namespace_prefix
 from versioning.lakefs.errors import ConflictFound, ErrorMapper, Retrier, RetryPolicy
 from versioning.lakefs.streams import open_stream, replayable
 from versioning.port import (
@@ -55,49 +49,6 @@ _MARKER_SEARCH_DEPTH = 50
 T = TypeVar("T")
 
 
-class _RestClient(RESTClientObject):
-    """lakefs_sdk's REST client with a default timeout: it waits forever unless each call passes one."""
-
-    def __init__(self, configuration: lakefs_sdk.Configuration, timeout: tuple[float, float]):
-        super().__init__(configuration)
-        self._timeout = timeout
-        # ObjectWriter uploads through the pool manager directly; give its pools the same timeout.
-        self.pool_manager.connection_pool_kw["timeout"] = urllib3.Timeout(*timeout)
-
-    def request(
-        self,
-        method,
-        url,
-        query_params=None,
-        headers=None,
-        body=None,
-        post_params=None,
-        _preload_content=True,
-        _request_timeout=None,
-    ):
-        return super().request(
-            method,
-            url,
-            query_params,
-            headers,
-            body,
-            post_params,
-            _preload_content,
-            _request_timeout or self._timeout,
-        )
-
-
-def _client(credentials: LakeFSCredentials, timeout: tuple[float, float]) -> lakefs.Client:
-    client = lakefs.Client(
-        host=credentials.endpoint, username=credentials.access_key_id, password=credentials.secret_access_key
-    )
-    # urllib3 would otherwise retry some requests itself, silently and without backoff;
-    # retrying happens once, in Retrier, where writes are made idempotent.
-    client.config.retries = False
-    client.sdk_client.objects_api.api_client.rest_client = _RestClient(client.config, timeout)
-    return client
-
-
 class LakeFSRepo:
     """A lakeFS repository behind the DataRepo port (see versioning/port.py for the semantics)."""
 
@@ -117,9 +68,9 @@ class LakeFSRepo:
             raise ValueError(f"page_size must be between 1 and 1000, not {page_size}")
         self.name = validate_repo_name(repository)
         self.page_size = page_size
-        self.endpoint = check_endpoint(credentials.endpoint)
+        self.endpoint = credentials.endpoint
         self.storage_namespace = storage_namespace or f"{namespace_prefix()}/{repository}"
-        self._client = _client(credentials, timeout_s)
+        self._client = sdk_client(credentials, timeout_s)
         self._sdk = self._client.sdk_client
         self._repo = lakefs.Repository(repository, client=self._client)
         self._retry = Retrier(retry or RetryPolicy(), ErrorMapper(self.endpoint, repository), rng)
@@ -128,11 +79,7 @@ class LakeFSRepo:
     def connect(
         cls, endpoint: str, access_key_id: str, secret_access_key: str, repository: str, **options
     ) -> LakeFSRepo:
-        return cls(
-            LakeFSCredentials(check_endpoint(endpoint), access_key_id, secret_access_key),
-            repository,
-            **options,
-        )
+        return cls(LakeFSCredentials(endpoint, access_key_id, secret_access_key), repository, **options)
 
     @classmethod
     def from_lakectl(cls, repository: str, **options) -> LakeFSRepo:
