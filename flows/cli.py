@@ -8,6 +8,8 @@ import sys
 
 # Each module registers its sub-commands; the order is the order of ``--help``.
 COMMAND_MODULES = [
+    "flows.commands.run",
+    "flows.commands.curate",
     "flows.commands.repo",
 ]
 

@@ -1,0 +1,84 @@
+"""A curate process killed with SIGKILL in the middle of a stage (shard, half written): the re-run completes without duplicates, and the
+janitor removes the orphaned run branch (never while its run is alive)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.settings import PREFECT_API_URL
+
+from flows.curate import curate
+from flows.janitor import sweep
+from flows.wap import MAIN, RUN_BRANCH_PREFIX, flow_run_of_branch
+from tests.flows.curate_support import column, params_for, stage_outcomes, write_corpus
+from versioning.local import LocalRepo
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+RUN_FLOW = """
+import sys
+from flows.curate import curate
+from flows.params import CurateParams
+curate(CurateParams.model_validate_json(open(sys.argv[1]).read()))
+"""
+
+
+def _wait_for_shard_stage_writing(repo: LocalRepo, process: subprocess.Popen) -> str:
+    """The run branch once the shard stage has written its tokenizer, uncommitted (polling)."""
+    while process.poll() is None:
+        for branch, head in repo.list_branches().items():
+            if (
+                branch.startswith(RUN_BRANCH_PREFIX)
+                and repo.get_commit(head).metadata.get("stage") == "dedup"
+                and repo.exists(branch, "tokenizer/tokenizer.json")
+            ):
+                return branch
+        time.sleep(0.02)
+    raise AssertionError(f"the flow process exited ({process.returncode}) before the shard stage wrote")
+
+
+def test_sigkill_mid_run_then_rerun_completes_and_janitor_removes_the_orphan(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
+    corpus = write_corpus(tmp_path / "sources", documents=60)
+    repo = LocalRepo(tmp_path / "repo")
+    repo.ensure()
+    main_before = repo.resolve(MAIN)
+    params = params_for(corpus, str(repo.root), tmp_path / "results")
+    params_file = tmp_path / "params.json"
+    params_file.write_text(params.model_dump_json())
+
+    env = os.environ | {"PREFECT_API_URL": PREFECT_API_URL.value(), "TOKENLAKE_HOME": str(tmp_path / "home")}
+    process = subprocess.Popen([sys.executable, "-c", RUN_FLOW, str(params_file)], env=env)
+    try:
+        orphan = _wait_for_shard_stage_writing(repo, process)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+    assert repo.resolve(MAIN) == main_before, "killed before publishing: main untouched"
+    killed_run = flow_run_of_branch(orphan)
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(killed_run).state.name == "Running", "nobody told Prefect it died"
+
+    with stage_outcomes() as outcomes:
+        version = curate(params)
+    assert outcomes == {"ingest": "reused", "validate": "reused", "dedup": "reused", "shard": "ran", "mix": "ran"}
+    assert repo.resolve(MAIN) == version.commit_id
+    for prefix in ("raw/", "filtered/", "dedup/"):
+        ids = column(repo, version.tag, prefix, "id")
+        assert len(ids) == len(set(ids)) > 0, f"no duplicated documents under {prefix}"
+    ingested = len(column(repo, version.tag, "raw/", "id")) + len(column(repo, version.tag, "quarantine/ingest/", "id"))
+    assert ingested == sum(1 for path in corpus.values() for f in path.iterdir()), "every source file, once"
+
+    verdicts = {v.branch: v for v in sweep(repo, max_age_hours=24)}
+    assert not verdicts[orphan].removed and verdicts[orphan].state == "Crashed"
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(killed_run).state.name == "Crashed"
+    verdicts = {v.branch: v for v in sweep(repo, max_age_hours=0)}
+    assert verdicts[orphan].removed and set(repo.list_branches()) == {MAIN}

@@ -1,0 +1,87 @@
+"""The curate flow end to end on the local adapter, with the real stages and the real Prefect API.
+
+One corpus, one repository, runs in sequence: publish; re-run with no change (every stage
+reused, nothing new on main); change one stage's config (that stage and the later ones
+re-run); a failing gate (main unchanged, the run branch rolled back).
+"""
+
+from __future__ import annotations
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+from flows.chain import STAGES
+from flows.curate import curate
+from flows.wap import MAIN, PublishRecord
+from tasks.io import config_hash
+from tests.flows.curate_support import column, params_for, stage_commits, stage_outcomes, write_corpus
+from versioning.local import LocalRepo
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+ALL_RAN = dict.fromkeys(STAGES, "ran")
+ALL_REUSED = dict.fromkeys(STAGES, "reused")
+
+
+def _artifact_keys(flow_run_id) -> set[str]:
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return {a.key for a in artifacts if a.key}
+
+
+def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
+    corpus = write_corpus(tmp_path / "sources")
+    repo = LocalRepo(tmp_path / "repo")
+    params = params_for(corpus, str(repo.root), tmp_path / "results")
+
+    # 1. publish
+    with stage_outcomes() as outcomes:
+        state = curate(params, return_state=True)
+    first = state.result()
+    assert outcomes == ALL_RAN and first.new
+    assert repo.list_tags()[first.tag] == first.commit_id == repo.resolve(MAIN)
+    assert set(repo.list_branches()) == {MAIN}, "the run branch is closed after publishing"
+    commits = stage_commits(repo, first.tag)
+    configs = {"ingest": params.ingest, "validate": params.filters, "dedup": params.dedup,
+               "shard": params.shards, "mix": params.mix}
+    for earlier, stage in zip(STAGES, STAGES[1:], strict=False):
+        assert commits[stage]["input_commit"] == commits[earlier]["id"], f"{stage} read {earlier}'s commit"
+    for stage in STAGES:
+        meta = commits[stage]
+        assert meta["flow_run_id"] == str(state.state_details.flow_run_id)
+        assert meta["stage_config_hash"] == config_hash(configs[stage])
+        assert {"documents_in", "kept", "rejected", "tokens", "tokenlake_version"} <= set(meta)
+    record = PublishRecord.from_commit(repo.get_commit(first.commit_id))
+    assert [link.stage for link in record.chain] == STAGES and record.run_head == commits["mix"]["id"]
+    ids = column(repo, first.tag, "dedup/", "id")
+    assert len(ids) == len(set(ids)) > 0
+    reasons = set(column(repo, first.tag, "quarantine/", "reason"))
+    assert reasons, "the planted empty, binary and duplicate files are quarantined, not dropped"
+    assert {"curate-stages", "curate-summary", "curate-progress"} <= _artifact_keys(state.state_details.flow_run_id)
+
+    # 2. re-run with no change: every stage reused, main unchanged, the same version returned
+    with stage_outcomes() as outcomes:
+        again = curate(params)
+    assert outcomes == ALL_REUSED
+    assert (again.tag, again.commit_id, again.new) == (first.tag, first.commit_id, False)
+    assert repo.resolve(MAIN) == first.commit_id and set(repo.list_branches()) == {MAIN}
+
+    # 3. change one stage's config: that stage and the later ones run, on top of the published version
+    resharded = params.model_copy(update={"shards": params.shards.model_copy(update={"seq_len": 32})})
+    with stage_outcomes() as outcomes:
+        second = curate(resharded)
+    assert outcomes == {"ingest": "reused", "validate": "reused", "dedup": "reused", "shard": "ran", "mix": "ran"}
+    assert second.new and second.tag != first.tag and repo.resolve(MAIN) == second.commit_id
+    assert repo.get_commit(second.commit_id).parents[0] == first.commit_id
+    assert column(repo, second.tag, "dedup/", "id") == ids, "the reused dedup output is the published one"
+
+    # 4. a failing gate: nothing published, the run branch rolled back
+    failing = resharded.model_copy(update={"gates": resharded.gates.model_copy(update={"min_tokens": 10**12})})
+    state = curate(failing, return_state=True)
+    assert state.is_failed() and "min_tokens" in state.message
+    assert repo.resolve(MAIN) == second.commit_id and set(repo.list_branches()) == {MAIN}
+    assert set(repo.list_tags()) == {first.tag, second.tag}
