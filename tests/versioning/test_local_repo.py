@@ -77,6 +77,8 @@ def test_ensure_refuses_a_file_in_the_way(tmp_path: Path):
     (tmp_path / "file").write_text("not a repository")
     with pytest.raises(Conflict, match="not a directory"):
         LocalRepo(tmp_path / "file").ensure()
+    with pytest.raises(RepoError, match="cannot create a repository"):
+        LocalRepo(tmp_path / "file" / "below").ensure()
 
 
 @pytest.mark.parametrize("durable", [True, False])

@@ -86,8 +86,11 @@ class LocalRepo:
         validate_branch(default_branch)
         if self.root.exists() and not self.root.is_dir():
             raise Conflict(f"repository path {self.root} exists and is not a directory")
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._objects.create()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._objects.create()
+        except OSError as exc:
+            raise RepoError(f"cannot create a repository at {self.root}: {exc.strerror}") from exc
         self._db.create_schema()
         with self._db.write() as conn:
             if conn.execute("SELECT 1 FROM meta WHERE key='default_branch'").fetchone() is None:
