@@ -138,9 +138,11 @@ def plan_dedup(
     _fill(signature, contents, scan.new_keys, scan.new_signatures)
 
     bands, rows = config.banding
-    keys = band_keys(signature, bands, rows)
-    if published.band_keys is not None and published.banding == (bands, rows) and len(published):
-        _fill(keys, contents, published.content_keys, published.band_keys)  # the stored LSH keys
+    keys = np.empty((len(contents), bands), np.uint64)
+    stored = np.zeros(len(contents), bool)
+    if published.band_keys is not None and published.banding == (bands, rows):
+        stored = _fill(keys, contents, published.content_keys, published.band_keys)  # the stored LSH keys
+    keys[~stored] = band_keys(signature[~stored], bands, rows)
     eligible = ~np.all(signature == EMPTY_SLOT, axis=1)  # no shingles: exact matches only
     a, b = candidate_pairs(keys, eligible, config.bucket_window)
     similarity = estimated_similarity(signature, a, b)
@@ -194,6 +196,7 @@ def plan_dedup(
         "published_in_input": int(published_input.sum()),
         "contents": int(len(contents)),
         "contents_hashed": len(scan.new_keys),
+        "band_keys_reused": int(stored.sum()),
         "shingled_megabytes": round(scan.shingled_bytes / 1e6, 3),
         "bands": bands,
         "rows": rows,
@@ -370,13 +373,17 @@ def _member(ids: np.ndarray, others: np.ndarray) -> np.ndarray:
     return found.to_numpy(zero_copy_only=False).astype(bool)
 
 
-def _fill(target: np.ndarray, contents: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
-    """``target[i] = values[k]`` wherever ``keys[k] == contents[i]`` (contents sorted)."""
-    if len(keys) == 0:
-        return
+def _fill(target: np.ndarray, contents: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``target[i] = values[k]`` wherever ``keys[k] == contents[i]`` (contents sorted); returns
+    which rows of ``target`` were filled."""
+    filled = np.zeros(len(contents), bool)
+    if len(keys) == 0 or len(contents) == 0:
+        return filled
     at = np.minimum(np.searchsorted(contents, keys), len(contents) - 1)
     present = contents[at] == keys
     target[at[present]] = values[present]
+    filled[at[present]] = True
+    return filled
 
 
 def _index_table(

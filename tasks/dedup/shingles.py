@@ -93,16 +93,18 @@ def content_keys(texts: pa.Array) -> np.ndarray:
     previous_space[offsets[:-1][offsets[:-1] < len(data)]] = True  # a document starts after "whitespace"
     keep = ~(space & previous_space)  # drop leading and repeated whitespace
     normalised = np.maximum(data, np.uint8(32))[keep]
+    kept_before = np.zeros(
+        len(data) + 1, np.int32 if len(data) < 2**31 else np.int64
+    )  # int32: half the traffic
+    np.cumsum(keep, out=kept_before[1:])
+    starts, ends = kept_before[offsets[:-1]], kept_before[offsets[1:]]
+    kept = ends - starts
+    if len(normalised):  # one space is left where a document ends in whitespace
+        ends -= (kept > 0) & (normalised[np.maximum(ends - 1, 0)] == 32)
     view = memoryview(normalised)
-    keys = []
-    start = 0
-    for first, stop in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
-        kept = int(np.count_nonzero(keep[first:stop]))
-        end = start + kept
-        if kept and normalised[end - 1] == 32:  # one space is left where a document ends in whitespace
-            end -= 1
-        keys.append(hashlib.sha256(view[start:end]).digest()[:16])
-        start += kept
+    keys = [
+        hashlib.sha256(view[a:b]).digest()[:16] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
+    ]
     return np.array(keys, dtype="S16") if keys else np.zeros(0, "S16")
 
 

@@ -165,15 +165,19 @@ def test_stored_band_keys_are_used_and_a_new_banding_recomputes_them(repo):
     result = run_dedup_stage(repo, "main", DedupConfig(), repo.resolve("main"))
     same = load_published(repo, result.commit_id, DedupConfig())
     assert same.banding == (28, 9) and same.band_keys.shape == (9, 28)
+    put_filtered(repo, "main", {"web": [documents([text()], "web", first=70)]}, "v2")
+    reused = run_dedup_stage(repo, "main", DedupConfig(), repo.resolve("main"))
+    assert reused.report["extra"]["band_keys_reused"] == 7, "one per published text"
     # another threshold (so another banding) shares the signatures and still finds the copies
     other = DedupConfig(threshold=0.7)
     v2 = documents([parts["code"][0].column("text").to_pylist()[1]], "code", first=50)
-    put_filtered(repo, "main", {"code": [v2]}, "v2")
+    put_filtered(repo, "main", {"code": [v2]}, "v3")
     again = run_dedup_stage(repo, "main", other, repo.resolve("main"))
-    assert again.report["extra"]["published_documents"] == 9
+    assert again.report["extra"]["published_documents"] == 10
+    assert again.report["extra"]["band_keys_reused"] == 0
     assert again.report["rejected"] == {"exact_duplicate": 1}, "its published twin is in the index"
     mixed = load_published(repo, again.commit_id, other)
-    assert mixed.band_keys is None and len(mixed) == 10
+    assert mixed.band_keys is None and len(mixed) == 11
 
 
 def test_rerunning_on_the_same_branch_replaces_its_outputs(repo):
