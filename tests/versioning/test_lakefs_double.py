@@ -135,6 +135,25 @@ def test_faults_are_seeded_and_switchable(tmp_path: Path):
         assert double.violations == []
 
 
+def test_latency_slows_answers_without_changing_them_and_bad_rates_are_refused(tmp_path: Path):
+    with LakeFSDouble(tmp_path, faults=FaultConfig(latency_s=0.01)) as double:
+        assert request(double, "GET", "/api/v1/repositories")[0] == 200
+        assert double.injected == {}
+    with pytest.raises(ValueError):
+        FaultConfig(error_rate=0.7, drop_rate=0.5)
+
+
+def test_a_restarted_double_serves_the_same_repositories(tmp_path: Path):
+    with LakeFSDouble(tmp_path) as double:
+        repo = connect(double)
+        repo.ensure()
+        repo.put("main", "kept", b"across restarts")
+        head = repo.commit("main", "persist").id
+    with LakeFSDouble(tmp_path) as double:
+        repo = connect(double)
+        assert repo.resolve("main") == head and repo.get("main", "kept") == b"across restarts"
+
+
 def test_dropped_requests_close_the_connection_without_an_answer(tmp_path: Path):
     with LakeFSDouble(tmp_path, faults=FaultConfig(drop_rate=1.0)) as double:
         with pytest.raises(http.client.RemoteDisconnected):

@@ -272,9 +272,8 @@ class LakeFSRepo:
         validate_branch(branch)
         validate_path(path)
         target = self._repo.branch(branch).object(path)
-        self.stat(
-            branch, path
-        )  # NotFound now, so that after a lost response an absent object proves the delete
+        # NotFound now, so that after a lost response an absent object proves the delete worked.
+        self.stat(branch, path)
         self._retry.write_once(
             f"delete {path!r} on branch {branch!r}",
             target.delete,

@@ -98,8 +98,9 @@ Replay = Callable[[], Iterator[bytes]]
 def replayable(data: PutSource) -> Iterator[Replay]:
     """A function giving the bytes of ``data`` chunk by chunk, as often as an upload is retried."""
     if isinstance(data, (bytes, bytearray, memoryview)):
-        view = memoryview(data).cast("B")
-        yield lambda: iter([view])
+        view = memoryview(data)
+        flat = view.cast("B") if view.contiguous else view.tobytes()
+        yield lambda: iter([flat])
         return
     if isinstance(data, (str, os.PathLike)):
         path = os.fspath(data)
