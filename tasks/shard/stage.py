@@ -193,7 +193,12 @@ def prepare_tokenizer(
             raise TokenizerError(f"no text to train a tokenizer on under {INPUT_PREFIX}/ at {input_commit}")
         tokenizer = train_tokenizer(texts, config.vocab_size, config.all_special_tokens)
         tokenizer_json = tokenizer.to_str()
-        info = {"origin": "trained", "sample_documents": len(texts), "sample_bytes": sample.sample_bytes}
+        info = {
+            "origin": "trained",
+            "documents_seen": sample.documents_seen,
+            "sample_documents": len(texts),
+            "sample_bytes": sample.sample_bytes,
+        }
     repo.put(branch, TOKENIZER_PATH, tokenizer_json.encode())
     return tokenizer_json, info | {"sha256": sha256_of_tokenizer(tokenizer_json)}
 
