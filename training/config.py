@@ -140,9 +140,11 @@ class TrainConfig(_Frozen):
     )
     compile: bool = False
     parallel: Literal["ddp", "fsdp"] = "ddp"
-    deterministic: bool | None = Field(
-        default=None, description="deterministic kernels; default on for CPU (exact resume), off on CUDA"
+    deterministic: bool = Field(
+        default=False,
+        description="deterministic kernels (slower on CUDA); CPU kernels already are, for a fixed thread count",
     )
+    report: bool = Field(default=True, description="write the summary table and the loss plot at the end")
     resume: ResumePolicy = "auto"
     flow_run_id: str = ""
     log_samples: bool = Field(default=False, description="write the sample ids each rank trains on (tests)")

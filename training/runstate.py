@@ -79,6 +79,9 @@ def seed_everything(seed: int) -> None:
 def deterministic_kernels(enabled: bool):
     """Deterministic algorithms for the duration of a run (restored after, for in-process callers)."""
     previous = torch.are_deterministic_algorithms_enabled()
+    if enabled == previous:  # the switch imports torch._inductor (seconds): only flip it when asked
+        yield
+        return
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it to be deterministic
     torch.use_deterministic_algorithms(enabled)

@@ -514,10 +514,11 @@ class Trainer:
             return TrainResult(self.run_dir, self.step, self.tokens, {}, None)
         records = read_metrics(self.run_dir / "metrics.jsonl")
         summary = summarize(records)
-        plot_run(records, self.run_dir / "loss.png", f"{self.cfg.run} on {self.binding.commit[:12]}")
-        table = summary_table(summary)
-        (self.run_dir / "summary.md").write_text(table)
-        print(table, flush=True)
+        if self.cfg.report:
+            plot_run(records, self.run_dir / "loss.png", f"{self.cfg.run} on {self.binding.commit[:12]}")
+            table = summary_table(summary)
+            (self.run_dir / "summary.md").write_text(table)
+            print(table, flush=True)
         self.dist.barrier()
         saved = list_checkpoints(self.checkpoint_dir)
         return TrainResult(
@@ -528,12 +529,11 @@ class Trainer:
 def train(config: TrainConfig) -> TrainResult:
     """Run (or resume) training as configured; under ``torchrun`` this is one rank of the job."""
     dist = init_distributed()
-    deterministic = config.deterministic if config.deterministic is not None else dist.device.type == "cpu"
     try:
         if dist.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        with deterministic_kernels(deterministic):
+        with deterministic_kernels(config.deterministic):
             trainer = Trainer(config, dist)
             try:
                 return trainer.run()

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import torch
 
-from training.config import CheckpointConfig, DataConfig, ModelConfig, StabilityConfig, TrainConfig
+from training.config import (
+    CheckpointConfig,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    StabilityConfig,
+    TrainConfig,
+)
 from training.metrics import read_metrics
 from training.synthetic import publish_synthetic_dataset
 from versioning.local import LocalRepo
@@ -49,11 +56,13 @@ def make_config(ds: Dataset, run: str, **fields) -> TrainConfig:
         global_batch=8,
         micro_batch=2,
         model=ModelConfig.preset("tiny"),
+        optim=OptimConfig(lr=1e-2, min_lr=1e-3, warmup_steps=2),
         data=DataConfig(heldout_fraction=0.05, eval_sequences=16, prefetch_batches=2),
         checkpoint=CheckpointConfig(every=4, keep_last=3),
         stability=StabilityConfig(window=8, min_history=4),
         eval_every=8,
         progress=False,
+        report=False,
     )
     return TrainConfig(**{**defaults, **fields})
 

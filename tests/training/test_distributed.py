@@ -118,7 +118,7 @@ def test_resume_on_one_process_sees_the_same_samples_in_the_same_order(dataset, 
 
 def test_fsdp2_trains_on_cpu_and_resumes_exactly(dataset, baseline):
     config = make_config(
-        dataset, "fsdp", parallel="fsdp", steps=8, optim=OptimConfig(decay_steps=16),
+        dataset, "fsdp", parallel="fsdp", steps=8, optim=OptimConfig(lr=1e-2, min_lr=1e-3, warmup_steps=2, decay_steps=16),
         faults=FaultConfig(kill_at_steps=(6,)),
     )  # fmt: skip
     assert torchrun(config, 2).returncode != 0
