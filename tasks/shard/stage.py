@@ -257,6 +257,7 @@ def run_shard_stage(
             def read_tables(pass_number: int, source: str = source) -> Iterator[pa.Table]:
                 return _read_source(repo, input_commit, source, part_done if pass_number == 1 else None)
 
+            source_started = time.perf_counter()
             spill = RowSpill(Path(work) / f"{source}.rows", config.seq_len + 1, dtype)
             with PartWriter(repo, branch, f"quarantine/{STAGE}/{source}") as quarantine:
                 try:
@@ -265,7 +266,7 @@ def run_shard_stage(
                     spill.discard()
                     raise
             entries += _store_shards(repo, branch, source, spill, Path(work), encoder.eod_id, config)
-            _account(report, outcome, entries)
+            _account(report, outcome, entries, time.perf_counter() - source_started)
 
         manifest = Manifest.build(
             entries,
@@ -327,7 +328,7 @@ def _store_shards(
     return entries
 
 
-def _account(report: StageReport, outcome: SourceOutcome, entries: list[ShardEntry]) -> None:
+def _account(report: StageReport, outcome: SourceOutcome, entries: list[ShardEntry], seconds: float) -> None:
     report.documents_in += outcome.documents_in
     report.kept += outcome.kept
     for reason, count in outcome.rejected.items():
@@ -345,4 +346,5 @@ def _account(report: StageReport, outcome: SourceOutcome, entries: list[ShardEnt
         "shards": sum(1 for e in entries if e.source == outcome.source),
         "tail_tokens_dropped": outcome.tail_tokens_dropped,
         "reason": outcome.reason,
+        "seconds": round(seconds, 3),
     }

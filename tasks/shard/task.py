@@ -85,7 +85,7 @@ def stage_table(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "shards": s["shards"],
                 "tail_tokens_dropped": s["tail_tokens_dropped"],
                 "note": s["reason"],
-                "seconds": report["seconds"],
+                "seconds": s["seconds"],
             }
         )
     return rows
