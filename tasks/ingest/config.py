@@ -39,7 +39,9 @@ class SourceConfig(BaseModel):
     exclude: list[str] = Field(
         default_factory=lambda: [".git/*", "*/.git/*", "__pycache__/*", "*/__pycache__/*"]
     )
-    text_field: str = Field(default="text", min_length=1, description="JSONL key or Parquet column of the text.")
+    text_field: str = Field(
+        default="text", min_length=1, description="JSONL key or Parquet column of the text."
+    )
     id_field: str | None = Field(
         default=None,
         description="JSONL key or Parquet column holding the source's own document id; "
@@ -48,13 +50,17 @@ class SourceConfig(BaseModel):
     reference: bool = Field(
         default=False, description="Documents of this source are positives for the quality classifier."
     )
-    min_chars: int = Field(default=1, ge=1, description="Shorter documents (after normalisation) are too_short.")
+    min_chars: int = Field(
+        default=1, ge=1, description="Shorter documents (after normalisation) are too_short."
+    )
     max_chars: int = Field(default=1_000_000, ge=1, description="Longer documents are too_long.")
 
     @model_validator(mode="after")
     def _check(self) -> SourceConfig:
         if self.min_chars > self.max_chars:
-            raise ValueError(f"source {self.name!r}: min_chars ({self.min_chars}) exceeds max_chars ({self.max_chars})")
+            raise ValueError(
+                f"source {self.name!r}: min_chars ({self.min_chars}) exceeds max_chars ({self.max_chars})"
+            )
         if self.format == "files" and self.id_field is not None:
             raise ValueError(
                 f"source {self.name!r}: id_field applies to jsonl and parquet sources; remove it for format 'files'"
@@ -69,10 +75,15 @@ class IngestGateConfig(BaseModel):
 
     enabled: bool = True
     max_rows: int = Field(
-        default=200_000, ge=1, description="Documents checked: all below this, else the bottom-k sample by id."
+        default=200_000,
+        ge=1,
+        description="Documents checked: all below this, else the bottom-k sample by id.",
     )
     max_quarantine_rate: float = Field(
-        default=1.0, ge=0.0, le=1.0, description="Fail when one reason quarantines more than this share of a source."
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="Fail when one reason quarantines more than this share of a source.",
     )
 
 
@@ -82,7 +93,9 @@ class IngestConfig(BaseModel):
     sources: list[SourceConfig] = Field(default_factory=list)
     rows_per_part: int = Field(default=20_000, ge=1, description="Rows per raw/<source>/part-NNNNN.parquet.")
     partition_bytes: int = Field(
-        default=32 * MiB, ge=1, description="Input bytes per unit of work (file group, JSONL byte range, row groups)."
+        default=16 * MiB,
+        ge=1,
+        description="Input bytes per unit of work (file group, JSONL byte range, row groups).",
     )
     max_files_per_partition: int = Field(default=5_000, ge=1)
     max_doc_bytes: int = Field(
@@ -91,13 +104,18 @@ class IngestConfig(BaseModel):
         description="A document (file, line, value) larger than this is quarantined as too_long without being held in memory.",
     )
     binary_control_fraction: float = Field(
-        default=0.05, gt=0.0, le=1.0, description="Share of control bytes in the first 8 KiB above which content is binary."
+        default=0.05,
+        gt=0.0,
+        le=1.0,
+        description="Share of control bytes in the first 8 KiB above which content is binary.",
     )
     quarantine_text_chars: int = Field(
         default=10_000, ge=0, description="How much of a rejected document's text the quarantine keeps."
     )
     workers: int = Field(default=1, ge=1, description="Processes working on partitions at once.")
-    partition_retries: int = Field(default=2, ge=0, description="Retries of one failing partition before the stage fails.")
+    partition_retries: int = Field(
+        default=2, ge=0, description="Retries of one failing partition before the stage fails."
+    )
     gate: IngestGateConfig = Field(default_factory=IngestGateConfig)
 
     @model_validator(mode="after")

@@ -21,22 +21,33 @@ from tasks.io import DOCUMENT_SCHEMA, document_id, with_quarantine_reason
 
 STAGE = "ingest"
 BATCH_RECORDS = 512
-QUARANTINE_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, pa.field("stage", pa.string()), pa.field("reason", pa.string())])
+QUARANTINE_SCHEMA = pa.schema(
+    [*DOCUMENT_SCHEMA, pa.field("stage", pa.string()), pa.field("reason", pa.string())]
+)
 
 
 def _meta(source: SourceConfig, extra: dict[str, str]) -> str:
     return json.dumps({"kind": source.kind, "format": source.format, **extra}, ensure_ascii=False)
 
 
-def _documents(source: SourceConfig, locators: list[str], texts: pa.Array, metas: list[str], ids: list[str]) -> pa.Table:
+def _documents(
+    source: SourceConfig, locators: list[str], texts: pa.Array, metas: list[str], ids: list[str]
+) -> pa.Table:
     return pa.table(
-        [pa.array(ids, pa.string()), pa.array([source.name] * len(ids), pa.string()), texts,
-         pa.array(locators, pa.string()), pa.array(metas, pa.string())],
+        [
+            pa.array(ids, pa.string()),
+            pa.array([source.name] * len(ids), pa.string()),
+            texts,
+            pa.array(locators, pa.string()),
+            pa.array(metas, pa.string()),
+        ],
         schema=DOCUMENT_SCHEMA,
     )
 
 
-def _finish_batch(source: SourceConfig, records: list[Record], config: IngestConfig) -> tuple[pa.Table, pa.Table]:
+def _finish_batch(
+    source: SourceConfig, records: list[Record], config: IngestConfig
+) -> tuple[pa.Table, pa.Table]:
     """Normalise the candidates of a batch, check them, and build both tables."""
     keep_chars = config.quarantine_text_chars
     rejected: list[tuple[Record, str]] = [(r, r.text[:keep_chars]) for r in records if r.reason is not None]
@@ -52,16 +63,28 @@ def _finish_batch(source: SourceConfig, records: list[Record], config: IngestCon
         keep_mask = []
         for i, record in enumerate(candidates):
             reason = (
-                "too_long" if too_big[i] else
-                "binary" if record.check_binary and binary[i] else
-                "empty" if blank[i] else
-                "too_short" if chars[i] < source.min_chars else
-                "too_long" if chars[i] > source.max_chars else None
+                "too_long"
+                if too_big[i]
+                else "binary"
+                if record.check_binary and binary[i]
+                else "empty"
+                if blank[i]
+                else "too_short"
+                if chars[i] < source.min_chars
+                else "too_long"
+                if chars[i] > source.max_chars
+                else None
             )
             keep_mask.append(reason is None)
             if reason is not None:
-                detail = f"{chars[i]} characters after normalisation" if reason != "binary" else "mostly control characters"
-                rejected.append((record._replace(reason=reason, detail=detail), texts[i].as_py()[:keep_chars]))
+                detail = (
+                    f"{chars[i]} characters after normalisation"
+                    if reason != "binary"
+                    else "mostly control characters"
+                )
+                rejected.append(
+                    (record._replace(reason=reason, detail=detail), texts[i].as_py()[:keep_chars])
+                )
         mask = pa.array(keep_mask)
         good = [r for r, k in zip(candidates, keep_mask, strict=True) if k]
         kept = _documents(
@@ -82,14 +105,18 @@ def _finish_batch(source: SourceConfig, records: list[Record], config: IngestCon
     return kept, quarantined
 
 
-def iter_partition(source: SourceConfig, partition: Partition, config: IngestConfig) -> Iterator[tuple[pa.Table, pa.Table]]:
+def iter_partition(
+    source: SourceConfig, partition: Partition, config: IngestConfig
+) -> Iterator[tuple[pa.Table, pa.Table]]:
     """``(kept, quarantined)`` per batch of records of one partition."""
     records = READERS[source.format](source, partition, config)
     while batch := list(islice(records, BATCH_RECORDS)):
         yield _finish_batch(source, batch, config)
 
 
-def ingest_partition(source: SourceConfig, partition: Partition, config: IngestConfig) -> tuple[pa.Table, pa.Table]:
+def ingest_partition(
+    source: SourceConfig, partition: Partition, config: IngestConfig
+) -> tuple[pa.Table, pa.Table]:
     """The documents of one partition: ``(kept, quarantined)`` with the DESIGN.md schema
     (quarantine adds ``stage`` and ``reason``). A pure function of the input files."""
     kept, quarantined = [], []

@@ -43,7 +43,11 @@ def decode_document(data: bytes, binary_control_fraction: float) -> tuple[str | 
     """
     sample = data[:BINARY_SAMPLE_BYTES]
     if data.startswith((b"\xff\xfe", b"\xfe\xff")) or looks_like_utf16(sample):
-        return None, "undecodable", "UTF-16 text (NUL in every other byte or a UTF-16 BOM); only UTF-8 is read"
+        return (
+            None,
+            "undecodable",
+            "UTF-16 text (NUL in every other byte or a UTF-16 BOM); only UTF-8 is read",
+        )
     share = control_fraction(sample)
     if share > binary_control_fraction:
         return None, "binary", f"{share:.0%} control bytes in the first {len(sample)} bytes"
@@ -64,7 +68,10 @@ def binary_text_mask(texts: pa.Array, binary_control_fraction: float) -> pa.Arra
     controls = pc.count_substring_regex(head, _BINARY_CHARS_RE)
     length = pc.utf8_length(head)
     return pc.fill_null(
-        pc.greater(pc.multiply(controls.cast(pa.float64()), 1.0), pc.multiply(length.cast(pa.float64()), binary_control_fraction)),
+        pc.greater(
+            pc.multiply(controls.cast(pa.float64()), 1.0),
+            pc.multiply(length.cast(pa.float64()), binary_control_fraction),
+        ),
         False,
     )
 

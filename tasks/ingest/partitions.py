@@ -27,6 +27,7 @@ from tasks.ingest.readers import iter_lines, open_jsonl
 
 SCAN_CHUNK = 8 << 20
 PROBE_RECORDS = 100
+PROBE_FILES = 5
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,15 @@ def list_source_files(source: SourceConfig) -> list[tuple[str, str]]:
     if not root.is_dir():
         return [(str(root.resolve()), root.name)]
     selected = []
+    # a folder that a "<folder>/*" exclude pattern matches holds only excluded files: skip it unread
+    folder_patterns = [p for p in source.exclude if p.endswith("/*")]
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+        rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if not _matches(f"{d}/" if rel_dir == "." else f"{rel_dir}/{d}/", folder_patterns)
+        )
         for name in filenames:
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, root).replace(os.sep, "/")
@@ -87,7 +95,9 @@ def _plan_files(source: SourceConfig, files: list[tuple[str, str]], config: Inge
     group_bytes = 0
     for pair in files:
         size = min(_size(pair[0]), config.max_doc_bytes)
-        if group and (group_bytes + size > config.partition_bytes or len(group) >= config.max_files_per_partition):
+        if group and (
+            group_bytes + size > config.partition_bytes or len(group) >= config.max_files_per_partition
+        ):
             yield tuple(group), 0, -1, 1
             group, group_bytes = [], 0
         group.append(pair)
@@ -175,13 +185,15 @@ def _probe_jsonl(path: str) -> list[dict] | None:
 
 
 def _check_fields(source: SourceConfig, files: list[tuple[str, str]]) -> None:
-    """Fail when the configured fields are in none of the probed records or schemas.
+    """Fail when the configured fields are in none of the probed records or schemas (the
+    first PROBE_RECORDS records of up to PROBE_FILES readable files).
 
     A field missing from some records is data (quarantined as missing_field or
     wrong_parquet_schema); missing from every one probed, it is a typo in the config.
     """
     fields = [f for f in (source.text_field, source.id_field) if f]
     seen: set[str] = set()
+    probed = 0
     for path, _ in files:
         if source.format == "parquet":
             try:
@@ -198,7 +210,9 @@ def _check_fields(source: SourceConfig, files: list[tuple[str, str]]) -> None:
             if any(all(f in obj for f in fields) for obj in objects):
                 return
             seen.update(k for obj in objects for k in obj)
-            break  # the first readable file decides; probing every file would read the source twice
+        probed += 1
+        if probed >= PROBE_FILES:  # probing every file would read a large source twice
+            break
     if seen:
         missing = [f for f in fields if f not in seen] or fields
         where = "column" if source.format == "parquet" else "key"
@@ -221,11 +235,17 @@ def check_source(source: SourceConfig) -> list[tuple[str, str]]:
     return files
 
 
-def plan_partitions(source: SourceConfig, config: IngestConfig, files: list[tuple[str, str]] | None = None) -> list[Partition]:
+def plan_partitions(
+    source: SourceConfig, config: IngestConfig, files: list[tuple[str, str]] | None = None
+) -> list[Partition]:
     """The partitions of one source, in a deterministic order."""
     files = check_source(source) if files is None else files
     planners = {"files": _plan_files, "jsonl": _plan_jsonl, "parquet": _plan_parquet}
-    plans = planners[source.format](source, files, config) if source.format == "files" else planners[source.format](files, config)
+    plans = (
+        planners[source.format](source, files, config)
+        if source.format == "files"
+        else planners[source.format](files, config)
+    )
     return [
         Partition(source.name, i, group, start, end, first)
         for i, (group, start, end, first) in enumerate(plans)

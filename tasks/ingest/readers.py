@@ -9,13 +9,12 @@ non-Parquet file) becomes a record, never an exception.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import stat
 import zlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 import pyarrow as pa
@@ -45,22 +44,25 @@ class TruncatedStream(EOFError):
     """A compressed stream ended inside a frame."""
 
 
-def _zstd_chunks(raw) -> Iterator[bytes]:
-    # zstandard's stream_reader returns a clean EOF on a truncated frame; decompressobj's
-    # ``eof`` flag is how a truncation is noticed.
-    dctx = zstandard.ZstdDecompressor()
-    dobj, fed = dctx.decompressobj(), False
+def _decompressed_chunks(raw, new_decompressor: Callable[[], Any]) -> Iterator[bytes]:
+    """Decompressed chunks of a gzip or zstd stream (several members/frames in a row are fine).
+
+    Decompressor objects are used directly rather than ``gzip.open`` or zstandard's
+    ``stream_reader``: the first drops the data decoded before a truncation when it raises,
+    the second returns a clean end of file on a truncated frame. ``eof`` tells both cases apart.
+    """
+    decompressor, fed = new_decompressor(), False
     while data := raw.read(READ_CHUNK):
         while data:
             fed = True
-            out = dobj.decompress(data)
+            out = decompressor.decompress(data)
             if out:
                 yield out
-            if not dobj.eof:
+            if not decompressor.eof:
                 break
-            data, dobj, fed = dobj.unused_data, dctx.decompressobj(), False
-    if fed and not dobj.eof:
-        raise TruncatedStream("zstd stream ends inside a frame")
+            data, decompressor, fed = decompressor.unused_data, new_decompressor(), False
+    if fed and not decompressor.eof:
+        raise TruncatedStream("the compressed stream ends inside a member or frame")
 
 
 def _file_chunks(f, remaining: int = -1) -> Iterator[bytes]:
@@ -74,12 +76,15 @@ def _file_chunks(f, remaining: int = -1) -> Iterator[bytes]:
 
 def open_jsonl(path: str, start: int = 0, end: int = -1) -> Iterator[bytes]:
     """Decompressed byte chunks of a JSONL file (.gz and .zst by suffix), from ``start`` to ``end``."""
-    if path.endswith(".gz"):
-        with gzip.open(path, "rb") as f:
-            yield from _file_chunks(f)
-    elif path.endswith((".zst", ".zstd")):
+    if path.endswith((".gz", ".zst", ".zstd")):
+        gz = path.endswith(".gz")
+        new_decompressor = (
+            (lambda: zlib.decompressobj(16 + zlib.MAX_WBITS))
+            if gz
+            else zstandard.ZstdDecompressor().decompressobj
+        )
         with open(path, "rb") as raw:
-            yield from _zstd_chunks(raw)
+            yield from _decompressed_chunks(raw, new_decompressor)
     else:
         with open(path, "rb") as f:
             f.seek(start)
@@ -116,15 +121,23 @@ def _jsonl_record(line: bytes, locator: str, source: SourceConfig) -> Record:
         try:
             line.decode("utf-8")
         except UnicodeDecodeError as decode_error:
-            return Record(locator, preview(line, 1000), "undecodable", f"invalid UTF-8 at byte {decode_error.start}")
+            return Record(
+                locator, preview(line, 1000), "undecodable", f"invalid UTF-8 at byte {decode_error.start}"
+            )
         try:
             json.loads(line)
         except ValueError:
             return Record(locator, preview(line, 1000), "malformed_jsonl", f"not JSON: {exc}")
-        return Record(locator, preview(line, 1000), "undecodable", f"a string escapes a lone surrogate: {exc}")
+        return Record(
+            locator, preview(line, 1000), "undecodable", f"a string escapes a lone surrogate: {exc}"
+        )
     if not isinstance(obj, dict):
-        return Record(locator, preview(line, 1000), "malformed_jsonl", f"a JSON {type(obj).__name__}, not an object")
-    return _field_record(obj.get(source.text_field), obj.get(source.id_field) if source.id_field else None, locator, source)
+        return Record(
+            locator, preview(line, 1000), "malformed_jsonl", f"a JSON {type(obj).__name__}, not an object"
+        )
+    return _field_record(
+        obj.get(source.text_field), obj.get(source.id_field) if source.id_field else None, locator, source
+    )
 
 
 def _field_record(text: object, source_id: object, locator: str, source: SourceConfig) -> Record:
@@ -132,7 +145,10 @@ def _field_record(text: object, source_id: object, locator: str, source: SourceC
         return Record(locator, "", "missing_field", f"no value for text field {source.text_field!r}")
     if not isinstance(text, str):
         return Record(
-            locator, str(text)[:1000], "wrong_field_type", f"text field {source.text_field!r} is {type(text).__name__}"
+            locator,
+            str(text)[:1000],
+            "wrong_field_type",
+            f"text field {source.text_field!r} is {type(text).__name__}",
         )
     if source.id_field and source_id is None:
         return Record(locator, text, "missing_field", f"no value for id field {source.id_field!r}")
@@ -143,14 +159,21 @@ def read_jsonl(source: SourceConfig, partition: Partition, config: IngestConfig)
     line_no = partition.first_line
     keep = config.quarantine_text_chars
     try:
-        for line, size in iter_lines(open_jsonl(partition.path, partition.start, partition.end), config.max_doc_bytes, keep):
+        for line, size in iter_lines(
+            open_jsonl(partition.path, partition.start, partition.end), config.max_doc_bytes, keep
+        ):
             locator = f"{partition.rel}:{line_no}"
             line_no += 1
             if size > config.max_doc_bytes:
-                yield Record(locator, preview(line, keep), "too_long", f"line of {size} bytes > max_doc_bytes {config.max_doc_bytes}")
+                yield Record(
+                    locator,
+                    preview(line, keep),
+                    "too_long",
+                    f"line of {size} bytes > max_doc_bytes {config.max_doc_bytes}",
+                )
             elif line.strip():  # a blank line is not a record
                 yield _jsonl_record(line, locator, source)
-    except (EOFError, zlib.error, zstandard.ZstdError, gzip.BadGzipFile, OSError) as exc:
+    except (EOFError, zlib.error, zstandard.ZstdError, OSError) as exc:
         truncated = isinstance(exc, EOFError)
         yield Record(
             f"{partition.rel}:{line_no}",
@@ -166,7 +189,9 @@ def read_files(source: SourceConfig, partition: Partition, config: IngestConfig)
         try:
             st = os.stat(path)
             if not stat.S_ISREG(st.st_mode):
-                yield Record(rel, "", "unreadable_file", f"not a regular file (mode {stat.filemode(st.st_mode)})")
+                yield Record(
+                    rel, "", "unreadable_file", f"not a regular file (mode {stat.filemode(st.st_mode)})"
+                )
                 continue
             with open(path, "rb") as f:
                 data = f.read(config.max_doc_bytes + 1)
@@ -174,10 +199,19 @@ def read_files(source: SourceConfig, partition: Partition, config: IngestConfig)
             yield Record(rel, "", "unreadable_file", f"{type(exc).__name__}: {exc.strerror or exc}")
             continue
         if len(data) > config.max_doc_bytes:
-            yield Record(rel, preview(data, keep), "too_long", f"{st.st_size} bytes > max_doc_bytes {config.max_doc_bytes}")
+            yield Record(
+                rel,
+                preview(data, keep),
+                "too_long",
+                f"{st.st_size} bytes > max_doc_bytes {config.max_doc_bytes}",
+            )
             continue
         text, reason, detail = decode_document(data, config.binary_control_fraction)
-        yield Record(rel, text, None) if reason is None else Record(rel, preview(data, min(keep, 1000)), reason, detail)
+        yield (
+            Record(rel, text, None)
+            if reason is None
+            else Record(rel, preview(data, min(keep, 1000)), reason, detail)
+        )
 
 
 def parquet_schema_problem(schema: pa.Schema, source: SourceConfig) -> str | None:
@@ -188,7 +222,11 @@ def parquet_schema_problem(schema: pa.Schema, source: SourceConfig) -> str | Non
     text_type = schema.field(source.text_field).type
     if pa.types.is_dictionary(text_type):
         text_type = text_type.value_type
-    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type) or pa.types.is_string_view(text_type)):
+    if not (
+        pa.types.is_string(text_type)
+        or pa.types.is_large_string(text_type)
+        or pa.types.is_string_view(text_type)
+    ):
         return f"column {source.text_field!r} is {text_type}, expected a string"
     return None
 
@@ -208,14 +246,23 @@ def read_parquet(source: SourceConfig, partition: Partition, config: IngestConfi
     columns = [c for c in (source.text_field, source.id_field) if c]
     row = partition.first_line
     try:
-        for batch in pf.iter_batches(PARQUET_BATCH_ROWS, row_groups=range(partition.start, end), columns=columns):
+        for batch in pf.iter_batches(
+            PARQUET_BATCH_ROWS, row_groups=range(partition.start, end), columns=columns
+        ):
             texts = batch.column(source.text_field).to_pylist()
             ids = batch.column(source.id_field).to_pylist() if source.id_field else [None] * len(texts)
             for text, source_id in zip(texts, ids, strict=True):
                 locator = f"{rel}:{row}"
                 row += 1
-                if text is not None and len(text) > config.max_doc_bytes:  # chars <= bytes, so this is a lower bound
-                    yield Record(locator, text[: config.quarantine_text_chars], "too_long", f"{len(text)} chars > max_doc_bytes")
+                if (
+                    text is not None and len(text) > config.max_doc_bytes
+                ):  # chars <= bytes, so this is a lower bound
+                    yield Record(
+                        locator,
+                        text[: config.quarantine_text_chars],
+                        "too_long",
+                        f"{len(text)} chars > max_doc_bytes",
+                    )
                 else:
                     yield _field_record(text, source_id, locator, source)
     except Exception as exc:  # noqa: BLE001 - a corrupt row group quarantines the rest of the partition

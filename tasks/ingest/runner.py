@@ -26,7 +26,9 @@ class PartitionFailed(RuntimeError):
     """A partition kept failing after its retries."""
 
 
-def with_retries(work: Callable[[], T], retries: int, what: str) -> T:
+def with_retries(
+    work: Callable[[], T], retries: int, what: str, backoff_seconds: float = RETRY_BASE_SECONDS
+) -> T:
     """``work()``, retried up to ``retries`` times with exponential backoff; a config error is not retried."""
     for attempt in range(retries + 1):
         try:
@@ -37,12 +39,14 @@ def with_retries(work: Callable[[], T], retries: int, what: str) -> T:
             if attempt == retries:
                 raise PartitionFailed(f"{what} failed {retries + 1} time(s); last error: {exc!r}") from exc
             log.warning("%s failed (%r); retry %d of %d", what, exc, attempt + 1, retries)
-            time.sleep(RETRY_BASE_SECONDS * 2**attempt)
+            time.sleep(backoff_seconds * 2**attempt)
     raise AssertionError("unreachable")
 
 
 def describe(partition: Partition) -> str:
-    where = partition.rel if len(partition.files) == 1 else f"{partition.rel} (+{len(partition.files) - 1} files)"
+    where = (
+        partition.rel if len(partition.files) == 1 else f"{partition.rel} (+{len(partition.files) - 1} files)"
+    )
     span = f" [{partition.start}:{partition.end}]" if partition.start or partition.end >= 0 else ""
     return f"partition {partition.index} of source {partition.source!r} ({where}{span})"
 
@@ -53,7 +57,9 @@ def run_partitions(
     """``(partition, kept, quarantined)`` for every partition, in order."""
     if config.workers == 1 or len(partitions) == 1:
         for p in partitions:
-            kept, quarantined = with_retries(lambda p=p: ingest_partition(source, p, config), config.partition_retries, describe(p))
+            kept, quarantined = with_retries(
+                lambda p=p: ingest_partition(source, p, config), config.partition_retries, describe(p)
+            )
             yield p, kept, quarantined
         return
     # spawn, not fork: the parent may run Prefect's threads, and forking a threaded process is unsafe
@@ -71,7 +77,11 @@ def run_partitions(
 
 
 def _collect(
-    pool: ProcessPoolExecutor, partition: Partition, future: Future, source: SourceConfig, config: IngestConfig
+    pool: ProcessPoolExecutor,
+    partition: Partition,
+    future: Future,
+    source: SourceConfig,
+    config: IngestConfig,
 ) -> tuple[Partition, pa.Table, pa.Table]:
     first = [future]
 

@@ -39,6 +39,8 @@ from versioning import DataRepo
 log = logging.getLogger(__name__)
 GATE_COLUMNS = ["id", "source", "text", "locator", "meta"]
 GATE_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, pa.field("text_chars", pa.int64())])
+
+
 def run_ingest(
     repo: DataRepo, branch: str, config: IngestConfig, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:
@@ -52,13 +54,15 @@ def run_ingest(
         for prefix in ("raw", f"quarantine/{STAGE}", f"reports/data_docs/{STAGE}"):
             clear_prefix(repo, branch, prefix)
         report = StageReport(stage=STAGE)
-        sample = DocumentSample(config.gate.max_rows, GATE_COLUMNS)
+        sample = DocumentSample(config.gate.max_rows if config.gate.enabled else 0, GATE_COLUMNS)
         stats: list[dict[str, Any]] = []
         for source in config.sources:
             counts = {"documents_in": 0, "kept": 0, "rejected": {}}
             with (
                 PartWriter(repo, branch, f"raw/{source.name}", config.rows_per_part) as kept_writer,
-                PartWriter(repo, branch, f"quarantine/{STAGE}/{source.name}", config.rows_per_part) as quarantine_writer,
+                PartWriter(
+                    repo, branch, f"quarantine/{STAGE}/{source.name}", config.rows_per_part
+                ) as quarantine_writer,
             ):
                 for _, kept, quarantined in run_partitions(source, plans[source.name], config):
                     kept_writer.write(kept)
@@ -89,7 +93,13 @@ def run_ingest(
                 counts["rejected"],
                 {"*": rate},
             )
-            log.info("ingest %s: %d in, %d kept, rejected %s", source.name, counts["documents_in"], counts["kept"], counts["rejected"])
+            log.info(
+                "ingest %s: %d in, %d kept, rejected %s",
+                source.name,
+                counts["documents_in"],
+                counts["kept"],
+                counts["rejected"],
+            )
 
         outcome = None
         if config.gate.enabled:
@@ -99,15 +109,22 @@ def run_ingest(
                     GateCheck(
                         "raw_documents",
                         sample.table(GATE_SCHEMA),
-                        {"sources": [s.name for s in config.sources], "max_text_chars": max(s.max_chars for s in config.sources)},
+                        {
+                            "sources": [s.name for s in config.sources],
+                            "max_text_chars": max(s.max_chars for s in config.sources),
+                        },
                         ["locator"],
                     ),
                     GateCheck("stage_stats", stats_table(stats), {}, ["source", "rule"]),
                 ],
                 docs_dir,
             )
-            report.expectations = outcome.to_dict() | {"sampled": sample.sampled, "documents_checked": min(sample.total, config.gate.max_rows)}
+            report.expectations = outcome.to_dict() | {
+                "sampled": sample.sampled,
+                "documents_checked": min(sample.total, config.gate.max_rows),
+            }
             publish_data_docs(repo, branch, STAGE, docs_dir)
+            report.extra["data_docs"] = f"reports/data_docs/{STAGE}/index.html"
             if not outcome.success:
                 # left on the branch uncommitted, for a person to read; the flow discards the branch
                 put_json(repo, branch, f"reports/{STAGE}.json", report.to_dict())

@@ -79,6 +79,8 @@ def ingest_task(
     )
     if TaskRunContext.get() is not None:
         create_table_artifact(
-            table=stage_table(report), key="ingest-stage", description=f"ingest stage, commit {result.commit_id}"
+            table=stage_table(report),
+            key="ingest-stage",
+            description=f"ingest stage, commit {result.commit_id}",
         )
     return result

@@ -54,7 +54,9 @@ class ClassifierConfig(BaseModel):
     )
     threshold: float = Field(default=0.5, ge=0.0, le=1.0)
     pareto_alpha: float = Field(default=9.0, gt=0.0)
-    filter_reference: bool = Field(default=False, description="Also apply the keep rule to reference sources.")
+    filter_reference: bool = Field(
+        default=False, description="Also apply the keep rule to reference sources."
+    )
     max_training_docs: int = Field(default=5_000, ge=2, description="Per class.")
     hash_bits: int = Field(default=18, ge=8, le=26)
     max_words: int = Field(default=512, ge=1, description="Leading words of a document that become features.")
@@ -73,7 +75,9 @@ def load_factory(spec: str) -> ScorerFactory:
         for part in attribute.split("."):
             target = getattr(target, part)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"classifier.factory {spec!r} cannot be loaded ({exc}); use 'module:callable'") from exc
+        raise ValueError(
+            f"classifier.factory {spec!r} cannot be loaded ({exc}); use 'module:callable'"
+        ) from exc
     if not callable(target):
         raise ValueError(f"classifier.factory {spec!r} is not callable")
     return target
@@ -84,7 +88,9 @@ def _word_hashes(distinct_words: pa.Array) -> pa.Array:
     return pa.array([zlib.crc32(w.encode()) for w in distinct_words.to_pylist()], pa.uint64())
 
 
-def hashed_features(texts: pa.Array, hash_bits: int, max_words: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def hashed_features(
+    texts: pa.Array, hash_bits: int, max_words: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR rows ``(indptr, feature, value)``: lowercased word unigrams and bigrams of each
     text's first ``max_words`` words, hashed to ``2**hash_bits`` buckets, log(1 + count)
     values scaled to unit length per document."""
@@ -129,7 +135,9 @@ class HashedLinearScorer:
     """Logistic regression over hashed word uni- and bigrams (the GPT-3 recipe: Spark's
     HashingTF features and a logistic regression), trained with mini-batch AdaGrad."""
 
-    def __init__(self, weights: np.ndarray, bias: float, hash_bits: int, max_words: int, facts: dict[str, Any]):
+    def __init__(
+        self, weights: np.ndarray, bias: float, hash_bits: int, max_words: int, facts: dict[str, Any]
+    ):
         self.weights = weights
         self.bias = bias
         self.hash_bits = hash_bits
@@ -144,22 +152,39 @@ class HashedLinearScorer:
         return _sigmoid(self._margins(*hashed_features(texts, self.hash_bits, self.max_words)))
 
     def describe(self) -> dict[str, Any]:
-        return {"model": "hashed_linear", "hash_bits": self.hash_bits, "max_words": self.max_words, **self.facts}
+        return {
+            "model": "hashed_linear",
+            "hash_bits": self.hash_bits,
+            "max_words": self.max_words,
+            **self.facts,
+        }
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
         np.savez_compressed(
-            buffer, weights=self.weights.astype(np.float32), bias=self.bias, hash_bits=self.hash_bits, max_words=self.max_words
+            buffer,
+            weights=self.weights.astype(np.float32),
+            bias=self.bias,
+            hash_bits=self.hash_bits,
+            max_words=self.max_words,
         )
         return buffer.getvalue()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> HashedLinearScorer:
         saved = np.load(io.BytesIO(data))
-        return cls(saved["weights"].astype(np.float64), float(saved["bias"]), int(saved["hash_bits"]), int(saved["max_words"]), {})
+        return cls(
+            saved["weights"].astype(np.float64),
+            float(saved["bias"]),
+            int(saved["hash_bits"]),
+            int(saved["max_words"]),
+            {},
+        )
 
 
-def train_hashed_linear(positives: pa.Array, negatives: pa.Array, config: ClassifierConfig) -> HashedLinearScorer:
+def train_hashed_linear(
+    positives: pa.Array, negatives: pa.Array, config: ClassifierConfig
+) -> HashedLinearScorer:
     """Fit on a class-balanced sample of both; report accuracy and AUC on a held-out share."""
     rng = np.random.default_rng(config.seed)
     per_class = min(len(positives), len(negatives), config.max_training_docs)
@@ -200,9 +225,16 @@ def train_hashed_linear(positives: pa.Array, negatives: pa.Array, config: Classi
             bias -= config.learning_rate * bias_grad / np.sqrt(bias_squared)
 
     scorer = HashedLinearScorer(weights, bias, config.hash_bits, config.max_words, {})
-    facts: dict[str, Any] = {"positives": per_class, "negatives": per_class, "trained_on": train_n, "held_out": held}
+    facts: dict[str, Any] = {
+        "positives": per_class,
+        "negatives": per_class,
+        "trained_on": train_n,
+        "held_out": held,
+    }
     if held:
-        scores = scorer._margins(indptr[train_n:] - indptr[train_n], feature[indptr[train_n] :], value[indptr[train_n] :])
+        scores = scorer._margins(
+            indptr[train_n:] - indptr[train_n], feature[indptr[train_n] :], value[indptr[train_n] :]
+        )
         held_labels = labels[train_n:]
         facts["held_out_accuracy"] = float(ratio(((scores > 0) == (held_labels == 1)).sum(), held))
         facts["held_out_auc"] = _auc(scores, held_labels)

@@ -39,7 +39,9 @@ def code_signals(texts: pa.Array) -> dict[str, np.ndarray]:
     """Every code signal for a batch of texts, keyed by rule name."""
     texts = pc.fill_null(texts, "")
     lines = pc.split_pattern(texts, "\n")
-    line_lengths = np.asarray(pc.utf8_length(pc.list_flatten(lines)).to_numpy(zero_copy_only=False), dtype=np.int64)
+    line_lengths = np.asarray(
+        pc.utf8_length(pc.list_flatten(lines)).to_numpy(zero_copy_only=False), dtype=np.int64
+    )
     line_counts = np.asarray(pc.list_value_length(lines).to_numpy(zero_copy_only=False), dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(line_counts)[:-1]])
     has_lines = line_counts > 0  # a null text has none
@@ -49,7 +51,9 @@ def code_signals(texts: pa.Array) -> dict[str, np.ndarray]:
     chars = np.asarray(pc.utf8_length(texts).to_numpy(zero_copy_only=False), dtype=np.float64)
     alnum = count_bytes(texts, _ALNUM_BYTES)
     head = pc.utf8_slice_codeunits(texts, 0, GENERATED_HEAD_CHARS)
-    generated = np.asarray(pc.match_substring_regex(head, _GENERATED_RE).to_numpy(zero_copy_only=False), dtype=np.float64)
+    generated = np.asarray(
+        pc.match_substring_regex(head, _GENERATED_RE).to_numpy(zero_copy_only=False), dtype=np.float64
+    )
     return {
         "max_line_length": longest,
         "mean_line_length": ratio(chars - np.maximum(line_counts - 1, 0), line_counts),

@@ -21,7 +21,9 @@ class LangIdConfig(BaseModel):
     keep: list[str] | None = Field(
         default=None, description="Language codes to keep (e.g. ['en']); None computes the columns only."
     )
-    min_score: float = Field(default=0.0, ge=0.0, le=1.0, description="With keep: also drop below this score.")
+    min_score: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="With keep: also drop below this score."
+    )
     max_chars: int = Field(default=1_000, ge=1, description="Characters of each document the model reads.")
 
 

@@ -67,7 +67,9 @@ def _numpy(array: pa.Array) -> np.ndarray:
 
 
 def _line_fraction(lines, pattern: str) -> np.ndarray:
-    hits = np.asarray(pc.match_substring_regex(lines.values, pattern).to_numpy(zero_copy_only=False), dtype=bool)
+    hits = np.asarray(
+        pc.match_substring_regex(lines.values, pattern).to_numpy(zero_copy_only=False), dtype=bool
+    )
     return ratio(np.bincount(lines.doc[hits], minlength=lines.n_docs), lines.counts)
 
 
@@ -93,7 +95,8 @@ def prose_signals(texts: pa.Array) -> dict[str, np.ndarray]:
     signals = {
         "word_count": real_words.astype(np.float64),
         "mean_word_length": ratio(
-            np.bincount(words.doc[has_alnum], weights=word_lengths[has_alnum], minlength=words.n_docs), real_words
+            np.bincount(words.doc[has_alnum], weights=word_lengths[has_alnum], minlength=words.n_docs),
+            real_words,
         ),
         "symbol_word_ratio": ratio(symbols, words.counts),
         "bullet_line_fraction": _line_fraction(lines, _BULLET_RE),

@@ -85,7 +85,9 @@ def count_bytes(texts: pa.Array, byte_table: np.ndarray) -> np.ndarray:
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks()
     offset_type = np.int64 if pa.types.is_large_string(texts.type) else np.int32
-    offsets = np.frombuffer(texts.buffers()[1], dtype=offset_type)[texts.offset : texts.offset + len(texts) + 1]
+    offsets = np.frombuffer(texts.buffers()[1], dtype=offset_type)[
+        texts.offset : texts.offset + len(texts) + 1
+    ]
     data = np.frombuffer(texts.buffers()[2], dtype=np.uint8) if texts.buffers()[2] else np.zeros(0, np.uint8)
     flags = byte_table.astype(np.uint8)[data[offsets[0] : offsets[-1]]]
     starts = (offsets[:-1] - offsets[0]).astype(np.int64)

@@ -28,7 +28,9 @@ class ValidateGateConfig(BaseModel):
 
     enabled: bool = True
     max_rows: int = Field(
-        default=200_000, ge=1, description="Documents checked: all below this, else the bottom-k sample by id."
+        default=200_000,
+        ge=1,
+        description="Documents checked: all below this, else the bottom-k sample by id.",
     )
     max_text_chars: int = Field(default=1_000_000, ge=1, description="Longest text the gate accepts.")
     default_removal_rate: Bounds = Field(
@@ -43,7 +45,9 @@ class ValidateGateConfig(BaseModel):
     def _known_rules(self) -> ValidateGateConfig:
         unknown = sorted(set(self.removal_rate) - {*ALL_RULES, TOTAL})
         if unknown:
-            raise ValueError(f"gate.removal_rate names unknown rules {unknown}; known: {', '.join(ALL_RULES)}, {TOTAL}")
+            raise ValueError(
+                f"gate.removal_rate names unknown rules {unknown}; known: {', '.join(ALL_RULES)}, {TOTAL}"
+            )
         return self
 
     def bounds_for(self, rule: str) -> Bounds:

@@ -89,7 +89,9 @@ def apply_filters(
         langs, scores = identify(texts, config.langid.max_chars)
         signals["lang"], signals["lang_score"] = langs, scores
         if config.langid.keep:
-            known = np.asarray(pc.is_in(langs, value_set=pa.array(config.langid.keep)).to_numpy(zero_copy_only=False))
+            known = np.asarray(
+                pc.is_in(langs, value_set=pa.array(config.langid.keep)).to_numpy(zero_copy_only=False)
+            )
             failures[LANGUAGE_RULE] = ~(known & (scores >= config.langid.min_score))
 
     if classifier is not None and kind in config.classifier.kinds:
@@ -98,7 +100,9 @@ def apply_filters(
         if classifier.apply_keep and config.classifier.keep == "threshold":
             failures[CLASSIFIER_RULE] = quality < config.classifier.threshold
         elif classifier.apply_keep and config.classifier.keep == "pareto":
-            failures[CLASSIFIER_RULE] = ~pareto_keep(table.column("id"), quality, config.classifier.pareto_alpha)
+            failures[CLASSIFIER_RULE] = ~pareto_keep(
+                table.column("id"), quality, config.classifier.pareto_alpha
+            )
 
     for f in SIGNAL_FIELDS:
         values = signals[f.name]

@@ -84,12 +84,19 @@ class GateOutcome:
         return {"gate": "passed" if self.success else "failed", "gate_summary": self.summary()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"success": self.success, "summary": self.summary(), "failures": self.failures, "suites": self.suites}
+        return {
+            "success": self.success,
+            "summary": self.summary(),
+            "failures": self.failures,
+            "suites": self.suites,
+        }
 
     def raise_if_failed(self, stage: str) -> None:
         if not self.success:
             where = f"; Data Docs: {self.docs_dir}/index.html" if self.docs_dir else ""
-            raise GateFailed(f"{stage} gate {self.summary()}{where}:\n" + "\n".join(f"- {f}" for f in self.failures))
+            raise GateFailed(
+                f"{stage} gate {self.summary()}{where}:\n" + "\n".join(f"- {f}" for f in self.failures)
+            )
 
 
 def _plain(value: Any) -> Any:
@@ -114,7 +121,9 @@ def _observed(result: dict[str, Any]) -> str:
 def _describe(validation: dict[str, Any], suite: str) -> tuple[dict[str, Any], str | None]:
     config = validation["expectation_config"]
     kwargs = {k: v for k, v in config["kwargs"].items() if k not in ("batch_id", "result_format")}
-    target = kwargs.get("column") or ", ".join(str(kwargs[k]) for k in ("column_A", "column_B") if k in kwargs)
+    target = kwargs.get("column") or ", ".join(
+        str(kwargs[k]) for k in ("column_A", "column_B") if k in kwargs
+    )
     exception = (validation.get("exception_info") or {}).get("exception_message")
     observed = f"error: {exception}" if exception else _observed(validation["result"])
     entry = {
@@ -147,7 +156,10 @@ def run_gate(checks: Iterable[GateCheck], docs_dir: Path | None = None) -> GateO
             site_name=DOCS_SITE,
             site_config={
                 "class_name": "SiteBuilder",
-                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "store_backend": {
+                    "class_name": "TupleFilesystemStoreBackend",
+                    "base_directory": str(docs_dir),
+                },
                 "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
             },
         )
@@ -156,7 +168,9 @@ def run_gate(checks: Iterable[GateCheck], docs_dir: Path | None = None) -> GateO
     for check in checks:
         batch = datasource.add_dataframe_asset(check.suite).add_batch_definition_whole_dataframe(check.suite)
         suite = context.suites.add(gx.ExpectationSuite(**load_suite(check.suite)))
-        definition = context.validation_definitions.add(gx.ValidationDefinition(name=check.suite, data=batch, suite=suite))
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=check.suite, data=batch, suite=suite)
+        )
         result = definition.run(
             batch_parameters={"dataframe": check.frame.to_pandas()},
             expectation_parameters=check.parameters,
@@ -217,16 +231,16 @@ class DocumentSample:
         self._rows = 0
 
     def add(self, table: pa.Table) -> None:
-        if table.num_rows == 0:
-            return
         self.total += table.num_rows
+        if table.num_rows == 0 or self.max_rows == 0:
+            return
         text = table.column("text")
         slim = table.select(self.columns).set_column(
             self.columns.index("text"), "text", pc.utf8_slice_codeunits(text, 0, GATE_TEXT_CHARS)
         )
         self._tables.append(slim.append_column("text_chars", pc.utf8_length(text).cast(pa.int64())))
         self._rows += table.num_rows
-        if self._rows > 2 * self.max_rows:
+        if self._rows > self.max_rows + max(self.max_rows // 4, 1_000):
             self._compact()
 
     def _compact(self) -> None:
@@ -237,8 +251,10 @@ class DocumentSample:
 
     def table(self, schema: pa.Schema) -> pa.Table:
         """The sample; ``schema`` (the slim columns + text_chars) gives an empty sample its columns."""
-        self._compact() if self._tables else None
-        return self._tables[0] if self._tables else schema.empty_table()
+        if not self._tables:
+            return schema.empty_table()
+        self._compact()
+        return self._tables[0]
 
     @property
     def sampled(self) -> bool:

@@ -64,14 +64,19 @@ def read_sources(repo: DataRepo, input_commit: str) -> dict[str, dict[str, Any]]
         raise ValidateConfigError(
             f"input commit {input_commit[:12]} has no reports/ingest.json; run the ingest stage first"
         ) from None
-    return {name: {"kind": s["kind"], "reference": s["reference"], "kept": s["kept"]} for name, s in ingest["per_source"].items()}
+    return {
+        name: {"kind": s["kind"], "reference": s["reference"], "kept": s["kept"]}
+        for name, s in ingest["per_source"].items()
+    }
 
 
 def check_config(config: ValidateConfig, sources: dict[str, dict[str, Any]]) -> None:
     """Fail fast on overrides for sources or rules that do not fit the input."""
     for name, overrides in config.per_source.items():
         if name not in sources:
-            raise ValidateConfigError(f"per_source names {name!r}, which is not an ingested source ({', '.join(sources)})")
+            raise ValidateConfigError(
+                f"per_source names {name!r}, which is not an ingested source ({', '.join(sources)})"
+            )
         kind = sources[name]["kind"]
         foreign = sorted(set(overrides) - set(PROSE_RULES if kind == "prose" else CODE_RULES))
         if foreign:
@@ -115,7 +120,12 @@ def train_classifier(
         _bottom_k_texts(repo, input_commit, negatives, settings.max_training_docs),
         settings,
     )
-    facts = {"active": True, "positive_sources": positives, "negative_sources": negatives, **scorer.describe()}
+    facts = {
+        "active": True,
+        "positive_sources": positives,
+        "negative_sources": negatives,
+        **scorer.describe(),
+    }
     return scorer, facts
 
 
@@ -144,11 +154,15 @@ def run_validate(
         for name, source in sources.items():
             rule = None
             if scorer is not None:
-                rule = ClassifierRule(scorer, apply_keep=config.classifier.filter_reference or not source["reference"])
+                rule = ClassifierRule(
+                    scorer, apply_keep=config.classifier.filter_reference or not source["reference"]
+                )
             totals, languages = FilterStats(), Counter()
             with (
                 PartWriter(repo, branch, f"filtered/{name}", config.rows_per_part) as kept_writer,
-                PartWriter(repo, branch, f"quarantine/{STAGE}/{name}", config.rows_per_part) as quarantine_writer,
+                PartWriter(
+                    repo, branch, f"quarantine/{STAGE}/{name}", config.rows_per_part
+                ) as quarantine_writer,
             ):
                 for batch in iter_batches(read_parts(repo, input_commit, f"raw/{name}"), config.batch_rows):
                     kept, quarantined, stats = apply_filters(batch, name, source["kind"], config, rule)
@@ -174,9 +188,16 @@ def run_validate(
                 totals.kept,
                 totals.documents_in - totals.kept,
                 {rule_name: totals.failed.get(rule_name, 0) for rule_name in totals.rules},
-                {"*": (0.0, 1.0)} | {r: (b.min or 0.0, 1.0 if b.max is None else b.max) for r, b in bounds.items()},
+                {"*": (0.0, 1.0)}
+                | {r: (b.min or 0.0, 1.0 if b.max is None else b.max) for r, b in bounds.items()},
             )
-            log.info("validate %s: %d in, %d kept, removed %s", name, totals.documents_in, totals.kept, dict(totals.removed))
+            log.info(
+                "validate %s: %d in, %d kept, removed %s",
+                name,
+                totals.documents_in,
+                totals.kept,
+                dict(totals.removed),
+            )
 
         outcome = None
         if config.gate.enabled:
@@ -199,6 +220,7 @@ def run_validate(
                 "documents_checked": min(sample.total, config.gate.max_rows),
             }
             publish_data_docs(repo, branch, STAGE, docs_dir)
+            report.extra["data_docs"] = f"reports/data_docs/{STAGE}/index.html"
             if not outcome.success:
                 put_json(repo, branch, f"reports/{STAGE}.json", report.to_dict())
                 outcome.raise_if_failed(STAGE)

@@ -38,6 +38,8 @@ def validate_task(
     )
     if TaskRunContext.get() is not None:
         create_table_artifact(
-            table=stage_table(report), key="validate-stage", description=f"validate stage, commit {result.commit_id}"
+            table=stage_table(report),
+            key="validate-stage",
+            description=f"validate stage, commit {result.commit_id}",
         )
     return result

@@ -1,0 +1,140 @@
+"""Great Expectations gates: the suites in expectations/ match the stage schemas, a failing
+expectation gives a readable message and Data Docs, and a failing suite blocks its stage
+(nothing committed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from expectations import load_suite
+from tasks.ingest import IngestConfig, SourceConfig, run_ingest
+from tasks.io import DOCUMENT_SCHEMA, document_id
+from tasks.quality.prose import PROSE_RULES
+from tasks.validate import SIGNAL_FIELDS, GateCheck, GateFailed, ValidateConfig, run_gate
+from tasks.validate.gates import stats_rows, stats_table
+from tasks.validate.stage import run_validate
+from versioning import open_repo
+
+TEXT = "A plain sentence of prose that is long enough to be kept by ingest and by the filters."
+
+
+def _columns(suite: str) -> list[str]:
+    (expectation,) = [
+        e for e in load_suite(suite)["expectations"] if e["type"] == "expect_table_columns_to_match_set"
+    ]
+    return expectation["kwargs"]["column_set"]
+
+
+def test_suites_describe_the_stage_schemas() -> None:
+    assert _columns("raw_documents") == [*DOCUMENT_SCHEMA.names, "text_chars"]
+    assert _columns("filtered_documents") == [
+        *DOCUMENT_SCHEMA.names,
+        *(f.name for f in SIGNAL_FIELDS),
+        "text_chars",
+    ]
+
+
+def _documents(rows: list[tuple[str, str, str]]) -> pa.Table:
+    return pa.table(
+        {
+            "id": [document_id(s, loc) if i is None else i for i, s, loc in rows],
+            "source": [s for _, s, _ in rows],
+            "text": [TEXT] * len(rows),
+            "locator": [loc for _, _, loc in rows],
+            "meta": ["{}"] * len(rows),
+            "text_chars": [len(TEXT)] * len(rows),
+        }
+    )
+
+
+def test_failed_expectations_read_as_expectation_observed_expected(tmp_path: Path) -> None:
+    duplicate = document_id("a", "x")
+    frame = _documents([(duplicate, "a", "x"), (duplicate, "a", "y"), (None, "stranger", "z")])
+    stats = stats_table(stats_rows("a", 10, 4, 6, {"word_count": 6}, {"*": (0.0, 0.5)}))
+    outcome = run_gate(
+        [
+            GateCheck("raw_documents", frame, {"sources": ["a", "b"], "max_text_chars": 1000}, ["locator"]),
+            GateCheck("stage_stats", stats, {}, ["source", "rule"]),
+        ],
+        tmp_path / "docs",
+    )
+    assert not outcome.success
+    text = "\n".join(outcome.failures)
+    assert "raw_documents: expect_column_values_to_be_unique(id): observed 2 of 3 rows unexpected" in text
+    assert '"locator": "x"' in text and '"locator": "y"' in text
+    assert "expect_column_values_to_be_in_set(source)" in text and "stranger" in text
+    assert "expect_column_distinct_values_to_contain_set(source): observed missing ['b']" in text
+    assert (
+        "stage_stats: expect_column_pair_values_a_to_be_greater_than_b(max_removal_rate, removal_rate): "
+        "observed 2 of 2 rows unexpected" in text
+    )
+    assert '"rule": "word_count"' in text and "expected max_removal_rate >= removal_rate on every row" in text
+    assert (tmp_path / "docs" / "index.html").is_file()
+    with pytest.raises(GateFailed, match="ingest gate failed 4/") as error:
+        outcome.raise_if_failed("ingest")
+    assert "index.html" in str(error.value)
+    json.dumps(outcome.to_dict())  # the report is JSON
+
+
+def test_ingest_gate_blocks_the_stage_when_a_source_yields_nothing(tmp_path: Path) -> None:
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "a.txt").write_text(TEXT)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("")
+    config = IngestConfig(
+        sources=[
+            SourceConfig(name="good", kind="prose", format="files", path=str(tmp_path / "good")),
+            SourceConfig(name="empty", kind="prose", format="files", path=str(tmp_path / "empty")),
+        ]
+    )
+    repo = open_repo(str(tmp_path / "repo"))
+    repo.create_branch("curate-g", "main")
+    before = repo.resolve("curate-g")
+    with pytest.raises(
+        GateFailed,
+        match=r"expect_column_distinct_values_to_contain_set\(source\): observed missing \['empty'\]",
+    ):
+        run_ingest(repo, "curate-g", config, before)
+    assert repo.resolve("curate-g") == before  # nothing committed
+    report = json.loads(repo.get("curate-g", "reports/ingest.json"))  # left staged for a person to read
+    assert report["expectations"]["success"] is False
+
+
+def test_validate_gate_blocks_the_stage_when_a_filter_removes_too_much(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    for i in range(4):
+        (tmp_path / "docs" / f"long{i}.txt").write_text(f"{TEXT} {i}")
+    (tmp_path / "docs" / "short.txt").write_text("Only a few words here.")
+    repo = open_repo(str(tmp_path / "repo"))
+    repo.create_branch("curate-v", "main")
+    ingested = run_ingest(
+        repo,
+        "curate-v",
+        IngestConfig(
+            sources=[SourceConfig(name="docs", kind="prose", format="files", path=str(tmp_path / "docs"))]
+        ),
+        repo.resolve("curate-v"),
+    )
+    only_word_count = {
+        "prose": dict.fromkeys(PROSE_RULES, {}) | {"word_count": {"min": 6}},
+        "langid": {"enabled": False},
+    }
+    lenient = ValidateConfig.model_validate(only_word_count)
+    tight = ValidateConfig.model_validate(
+        only_word_count | {"gate": {"removal_rate": {"word_count": {"max": 0.1}}}}
+    )
+    with pytest.raises(GateFailed) as error:
+        run_validate(repo, "curate-v", tight, ingested.commit_id)
+    message = str(error.value)
+    assert "validate gate failed 1/" in message
+    assert "expect_column_pair_values_a_to_be_greater_than_b(max_removal_rate, removal_rate)" in message
+    assert '"rule": "word_count"' in message and '"removal_rate": 0.2' in message
+    assert repo.resolve("curate-v") == ingested.commit_id
+
+    passed = run_validate(repo, "curate-v", lenient, ingested.commit_id)
+    assert passed.report["expectations"]["success"] is True
+    assert repo.get_commit(passed.commit_id).metadata["gate"] == "passed"
