@@ -1,0 +1,198 @@
+"""The train flow: pin the dataset to a commit, run ``torchrun``, publish what the run produced.
+
+    resolve the dataset ref -> an immutable commit id
+    torchrun -m training     (a task with retries: a crash fails the attempt, the retry
+                              resumes from the newest valid checkpoint)
+    artifacts                 progress, metrics table, loss/throughput plot, checkpoints
+
+The trainer (``training/``) never imports Prefect: this flow only launches it as a
+subprocess, streams its output into the Prefect log and reads the files it leaves in the
+run directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import (
+    create_image_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run, task_run
+from pydantic import BaseModel, ConfigDict, Field
+
+from training.checkpoint import list_checkpoints
+from training.config import ModelConfig, PresetName, ResumePolicy, TrainConfig
+from training.metrics import read_metrics, summarize, summary_table
+from versioning import open_repo
+
+_STEP_LINE = re.compile(r"^step (\d+)/(\d+) ")
+_INLINE_IMAGE_LIMIT = 512 << 10  # larger plots are linked as files, not inlined
+
+
+class TrainParams(BaseModel):
+    """The train flow's parameters (the Prefect UI renders them as a form)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = Field(default="main", description="dataset ref: a tag, branch or commit id")
+    run: str | None = Field(default=None, description="run name; default <preset>-<commit prefix>")
+    preset: PresetName = Field(default="tiny", description="model size")
+    steps: int = Field(default=200, ge=1, description="optimizer steps to reach")
+    nproc: int = Field(default=1, ge=1, description="training processes (torchrun --nproc-per-node)")
+    resume: ResumePolicy = Field(
+        default="auto",
+        description="auto: continue from the newest valid checkpoint; never: refuse an existing run; "
+        "allow-data-change: continue even if the checkpoint saw another data commit",
+    )
+    repo: str | None = Field(default=None, description="dataset repository; default $TOKENLAKE_REPO")
+    retries: int = Field(default=2, ge=0, description="times a crashed torchrun is restarted (each resumes)")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description='more TrainConfig fields, e.g. {"global_batch": 32, "checkpoint": {"every": 100}}',
+    )
+
+    def train_config(self, commit: str, flow_run_id: str) -> TrainConfig:
+        model = {**ModelConfig.preset(self.preset).model_dump(), **self.overrides.get("model", {})}
+        fields = {
+            **self.overrides,
+            "run": self.run or f"{self.preset}-{commit[:12]}",
+            "commit": commit,
+            "repo": self.repo,
+            "steps": self.steps,
+            "resume": self.resume,
+            "model": model,
+            "flow_run_id": flow_run_id,
+            "progress": False,  # plain "step N/M" lines: they read well in the Prefect log
+        }
+        return TrainConfig.model_validate(fields)
+
+
+class TrainSummary(BaseModel):
+    run: str
+    data_commit: str
+    step: int
+    checkpoint: str | None
+    run_dir: str
+    metrics: dict[str, Any]
+
+
+@task(name="resolve-dataset", retries=3, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def resolve_dataset(repo_spec: str | None, ref: str) -> str:
+    commit = open_repo(repo_spec, create=False).resolve(ref)
+    get_run_logger().info("dataset %s is commit %s", ref, commit)
+    return commit
+
+
+class TrainingFailed(RuntimeError):
+    """torchrun exited with an error; a retry resumes from the newest valid checkpoint."""
+
+
+@task(name="torchrun", cache_policy=NO_CACHE)
+def run_torchrun(config: TrainConfig, nproc: int) -> int:
+    """Launch the trainer under torchrun and stream its output; a retry of this task resumes."""
+    logger = get_run_logger()
+    attempt = task_run.run_count
+    if attempt > 1 and config.resume == "never":  # "never" refuses earlier runs, not this run's own retry
+        config = config.model_copy(update={"resume": "auto"})
+    run_dir = config.run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "launch-config.json"
+    config_path.write_text(config.model_dump_json(indent=2))
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "-m", "training", "--config", str(config_path),
+    ]  # fmt: skip
+    logger.info("attempt %d: %s", attempt, " ".join(command))
+    progress = create_progress_artifact(0.0, key=_key("train-progress", config.run), description=config.run)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
+    ) as proc:
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line:
+                logger.info(line)
+            if match := _STEP_LINE.match(line):
+                done, total = int(match.group(1)), int(match.group(2))
+                update_progress_artifact(progress, 100.0 * done / total, description=f"step {done}/{total}")
+    if proc.returncode != 0:
+        raise TrainingFailed(
+            f"torchrun exited with status {proc.returncode} (attempt {attempt}); a retry resumes from the "
+            f"newest valid checkpoint in {run_dir / 'checkpoints'}"
+        )
+    return proc.returncode
+
+
+@task(name="publish-artifacts", cache_policy=NO_CACHE)
+def publish_artifacts(config: TrainConfig) -> TrainSummary:
+    run_dir = config.run_dir()
+    records = read_metrics(run_dir / "metrics.jsonl")
+    summary = summarize(records)
+    create_table_artifact(
+        [{"metric": k, "value": v} for k, v in summary.items()],
+        key=_key("train-metrics", config.run),
+        description=f"run {config.run}: medians over steady-state steps (see training.metrics)",
+    )
+    checkpoints = list_checkpoints(run_dir / "checkpoints")
+    create_table_artifact(
+        [
+            {
+                "step": c.step, "tokens": c.meta["tokens"], "data_commit": c.meta["data"]["commit"],
+                "loss": c.meta.get("metrics", {}).get("loss"), "milestone": c.meta.get("milestone", False),
+                "path": str(c.path),
+            }
+            for c in checkpoints
+        ],
+        key=_key("train-checkpoints", config.run),
+        description="checkpoints kept on disk, each bound to the data commit it was trained on",
+    )  # fmt: skip
+    plot = run_dir / "loss.png"
+    if plot.is_file():
+        data = plot.read_bytes()
+        url = (
+            "data:image/png;base64," + base64.b64encode(data).decode()
+            if len(data) <= _INLINE_IMAGE_LIMIT
+            else plot.resolve().as_uri()
+        )
+        create_image_artifact(
+            url, key=_key("train-plot", config.run), description="loss and tokens/s per step"
+        )
+    latest = checkpoints[-1] if checkpoints else None
+    create_markdown_artifact(
+        f"# Training run {config.run}\n\n"
+        f"Data commit `{config.commit}`, {summary['steps']} steps, {summary['tokens']} tokens; "
+        f"newest checkpoint `{latest.path if latest else 'none'}`.\n\n" + summary_table(summary),
+        key=_key("train-summary", config.run),
+    )
+    return TrainSummary(
+        run=config.run,
+        data_commit=config.commit,
+        step=summary["steps"],
+        checkpoint=str(latest.path) if latest else None,
+        run_dir=str(run_dir),
+        metrics=summary,
+    )
+
+
+def _key(prefix: str, run: str) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    return f"{prefix}-{re.sub(r'[^a-z0-9-]+', '-', run.lower())}".strip("-")
+
+
+@flow(name="train", log_prints=True)
+def train_flow(params: TrainParams) -> TrainSummary:
+    commit = resolve_dataset(params.repo, params.dataset)
+    config = params.train_config(commit, flow_run_id=str(flow_run.id or ""))
+    run_torchrun.with_options(retries=params.retries, retry_delay_seconds=1)(config, params.nproc)
+    return publish_artifacts(config)
