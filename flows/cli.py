@@ -11,6 +11,7 @@ COMMAND_MODULES = [
     "flows.commands.run",
     "flows.commands.curate",
     "flows.commands.repo",
+    "flows.commands.lineage",
 ]
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from flows.lineage import checkpoints_on, describe_data, read_lineage
-from flows.rollback import (
+from flows.rollback_core import (
     RollbackRefused,
     find_tainted,
     mark_tainted,
