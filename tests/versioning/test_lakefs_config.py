@@ -150,3 +150,9 @@ def test_credentials_never_appear_in_logs_reprs_or_errors(tmp_path: Path, caplog
     assert "retry" in caplog.text  # the retries were logged...
     for text in texts:
         assert secret not in text and token not in text  # ...without the secret
+
+
+def test_an_unknown_host_is_reported_as_such():
+    repo = LakeFSRepo.connect("http://lakefs.invalid:8000", "key", "secret", "demo", retry=QUICK)
+    with pytest.raises(TransientError, match="cannot resolve the host name.*LAKECTL_SERVER_ENDPOINT_URL"):
+        repo.ensure()

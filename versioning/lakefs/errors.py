@@ -55,6 +55,7 @@ class Failure:
 
     status: int | None
     reason: str
+    unreachable: bool = False  # no connection could be made (refused, unresolvable host, connect timeout)
 
     @property
     def transient(self) -> bool:
@@ -69,9 +70,13 @@ def describe(exc: BaseException) -> Failure | None:
     if isinstance(exc, lakefs_sdk.ApiException):
         return Failure(exc.status or None, _body_message(exc.body) or str(exc.reason or "no reason given"))
     if isinstance(exc, urllib3.exceptions.HTTPError):
-        return Failure(None, _network_reason(exc))
+        cause = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
+        unreachable = isinstance(
+            cause, (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError)
+        )
+        return Failure(None, _network_reason(exc), unreachable)
     if isinstance(exc, OSError):
-        return Failure(None, exc.strerror or type(exc).__name__)
+        return Failure(None, exc.strerror or type(exc).__name__, isinstance(exc, ConnectionRefusedError))
     if isinstance(exc, (ValidationError, json.JSONDecodeError)):
         # A proxy or a wrong URL answered with something that is not the lakeFS API.
         return Failure(
@@ -96,10 +101,10 @@ def _body_message(body: object) -> str | None:
 def _network_reason(exc: urllib3.exceptions.HTTPError) -> str:
     if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
         exc = exc.reason
+    if isinstance(exc, urllib3.exceptions.NameResolutionError):  # a kind of NewConnectionError
+        return "cannot resolve the host name"
     if isinstance(exc, urllib3.exceptions.NewConnectionError):
         return "cannot connect (connection refused or host unreachable)"
-    if isinstance(exc, urllib3.exceptions.NameResolutionError):
-        return "cannot resolve the host name"
     if isinstance(exc, urllib3.exceptions.TimeoutError):
         return "timed out"
     if isinstance(exc, (urllib3.exceptions.ProtocolError, urllib3.exceptions.IncompleteRead)):
@@ -122,6 +127,10 @@ class ErrorMapper:
         status, reason = failure.status, failure.reason
         where = f"lakeFS repository {self.repository!r} at {self.endpoint}"
         if failure.transient:
+            if status is None and not failure.unreachable:
+                return TransientError(
+                    f"cannot {action}: the connection to lakeFS at {self.endpoint} failed ({reason})"
+                )
             if status is None:
                 return TransientError(
                     f"cannot {action}: lakeFS at {self.endpoint} is unreachable ({reason}); check "
