@@ -187,3 +187,19 @@ def test_incremental_dedup_finds_the_clusters_of_the_union(reingest):
     if reingest:
         removed_in_v2 = set(np.array(ids, object)[v2.removed])
         assert not kept_in_v1 & removed_in_v2
+
+
+def test_a_published_document_stays_the_representative_even_against_better_quality():
+    corpus = planted_corpus(seed=8, bases=3, unrelated=0)
+    texts = corpus.table.column("text").to_pylist()
+    base, variant, _ = corpus.planted[0]
+    v1 = documents([texts[base]], "web", quality=[0.1])
+    v2 = documents([texts[variant]], "web", quality=[0.9], first=1)
+    config = DedupConfig(threshold=0.5)  # the planted variant is at least 0.5 similar
+    published = plan_dedup([v1], config)
+    incremental = plan_dedup([v2], config, index_of(published, config.num_perm))
+    assert incremental.removed.tolist() == [True]
+    assert incremental.duplicate_of[0] == v1.column("id")[0].as_py()
+    assert incremental.cluster_size.tolist() == [2]
+    together = plan_dedup([v1, v2], config)  # without history, quality decides
+    assert together.removed.tolist() == [True, False]
