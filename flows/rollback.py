@@ -28,9 +28,10 @@
    ``runs/_rollbacks/<tag>.json``, in one commit on branch ``runs``.
 4. **Resume** (optional): for each run with tainted checkpoints, its newest untainted
    checkpoint whose files still verify is forked into a new run ``<run>-<rollback tag>``
-   (files hard-linked; the tainted run is left as it was) and trained on ``main``'s new head
-   with ``resume="allow-data-change"``, so the trainer records the switch as a deliberate
-   data change; the fork is recorded as a ``fork`` event.
+   (files hard-linked; the tainted run is left as it was) and trained by the train flow
+   (:mod:`flows.train`, a subflow) on ``main``'s new head with ``resume="allow-data-change"``,
+   so the trainer records the switch as a deliberate data change; the fork is recorded as a
+   ``fork`` event and as the new run's first checkpoint record.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from flows.rollback_core import (
     plan_rollback,
     restore_main,
 )
-from training.config import TrainConfig
+from flows.train import TrainParams, train_flow
 from versioning import open_repo
 
 
@@ -117,7 +118,10 @@ def rollback(params: RollbackParams) -> RollbackReport:
     if params.resume:
         for resume in plan_resumes(read_lineage(open_repo(repo_spec, create=False)), tainted, restored,
                                    params.resume_steps, warn=print):  # fmt: skip
-            resumed.append(resume_task(repo_spec, resume, restored.tag, flow_run_id))
+            fork_task(repo_spec, resume, restored.tag, flow_run_id)
+            trained = train_flow(resume_params(resume, repo_spec))
+            resumed.append(ResumedRun(resume.run, resume.from_checkpoint.name, trained.data_commit,
+                                      trained.step, trained.checkpoint))  # fmt: skip
     report = RollbackReport(
         tag=restored.tag, flow_run_id=flow_run_id, target_ref=plan.target_ref, target=plan.target,
         method=restored.method, previous_main=restored.previous_head, main=restored.head, reverted=list(restored.reverted),
@@ -164,15 +168,24 @@ def tainted_table(restored: RestoredMain, tainted: list[CheckpointRecord]) -> No
     )
 
 
-@task(name="resume-training", cache_policy=NO_CACHE)
-def resume_task(repo_spec: str, resume: ResumePlan, rollback_tag: str, flow_run_id: str) -> ResumedRun:
-    """Fork the run at its newest untainted checkpoint and train it on the restored main."""
-    from training.trainer import train
-
+@task(name="fork-run", cache_policy=NO_CACHE, **IO_RETRIES)
+def fork_task(repo_spec: str, resume: ResumePlan, rollback_tag: str, flow_run_id: str) -> None:
     fork_checkpoint(open_repo(repo_spec, create=False), resume, rollback_tag, flow_run_id)
-    config = TrainConfig.model_validate({**resume.config, "flow_run_id": flow_run_id, "repo": repo_spec})
-    result = train(config)
-    return ResumedRun(resume.run, resume.from_checkpoint.name, config.commit, result.step, result.checkpoint)
+
+
+def resume_params(resume: ResumePlan, repo_spec: str) -> TrainParams:
+    """The train flow's parameters that continue ``resume``'s checkpoint with its run's own config."""
+    config = resume.config
+    set_by_params = {"run", "commit", "repo", "steps", "resume", "flow_run_id", "progress"}
+    return TrainParams(
+        dataset=config["commit"],
+        run=resume.run,
+        steps=config["steps"],
+        nproc=int(resume.from_checkpoint.record.get("world_size", 1)),
+        resume="allow-data-change",  # the trainer records the switch to the restored commit
+        repo=repo_spec,
+        overrides={k: v for k, v in config.items() if k not in set_by_params},
+    )
 
 
 def summary_markdown(report: RollbackReport) -> str:
