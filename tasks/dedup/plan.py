@@ -91,7 +91,7 @@ class DedupPlan:
         np.ndarray
     )  # object: for removed rows the document they duplicate (see module doc), else None
     index_entries: pa.Table
-    clusters: pa.Table  # every document considered: id, cluster, in_input
+    clusters: pa.Table  # every document considered: id, source, cluster, in_input
     similar_pairs: pa.Table  # verified near-duplicate pairs: id_a, id_b, similarity (one id per content)
     stats: dict[str, Any] = field(default_factory=dict)
 
@@ -123,16 +123,9 @@ def plan_dedup(
     scan = _scan(parts, config, set(published.content_keys.tolist()))
     scanned = time.perf_counter()
 
+    docs = _Documents.of(scan, published)
     n_in = len(scan.ids)
-    matched = _positions(scan.ids, published.ids)
-    published_input = np.zeros(n_in, bool)
-    in_index = np.flatnonzero(matched >= 0)
-    published_input[in_index] = published.content_keys[matched[in_index]] == scan.keys[in_index]
-    index_only = ~_member(published.ids, scan.ids)
-
-    all_ids = np.concatenate([scan.ids, published.ids[index_only]])
-    all_keys = np.concatenate([scan.keys, published.content_keys[index_only]])
-    contents, content_of = np.unique(all_keys, return_inverse=True)
+    contents, content_of = np.unique(docs.keys, return_inverse=True)
     signature = np.empty((len(contents), config.num_perm), np.uint32)
     _fill(signature, contents, published.content_keys, published.signatures)
     _fill(signature, contents, scan.new_keys, scan.new_signatures)
@@ -150,11 +143,8 @@ def plan_dedup(
     label = connected_components(len(contents), a[verified], b[verified])[content_of]
     clustered = time.perf_counter()
 
-    quality = np.concatenate([scan.quality, published.quality[index_only]])
-    quality = np.where(np.isfinite(quality), quality, -np.inf)
-    is_published = np.concatenate([published_input, np.ones(int(index_only.sum()), bool)])
-    id_rank = pc.rank(pa.array(all_ids, pa.string()), sort_keys="ascending", tiebreaker="first").to_numpy()
-    preference = (id_rank, -quality, ~is_published)
+    id_rank = pc.rank(pa.array(docs.ids, pa.string()), sort_keys="ascending", tiebreaker="first").to_numpy()
+    preference = (id_rank, -docs.quality, ~docs.published)
     representative = _best_of_group(label, preference)  # the cluster's survivor
     best_with_text = _best_of_group(content_of, preference)  # the first document of each text
     size = np.bincount(label, minlength=len(contents))[label]
@@ -163,9 +153,9 @@ def plan_dedup(
     survivor = (rep_in == np.arange(n_in)) | (config.mode == "soft")
     exact = best_with_text[:n_in] != np.arange(n_in)
     reason = np.where(survivor, None, np.where(exact, EXACT, NEAR)).astype(object)
-    duplicate_of = np.where(exact, all_ids[best_with_text[:n_in]], all_ids[rep_in])
+    duplicate_of = np.where(exact, docs.ids[best_with_text[:n_in]], docs.ids[rep_in])
     weight = size[:n_in] ** -config.soft_weight_exponent if config.mode == "soft" else np.ones(n_in)
-    fresh = ~published_input
+    fresh = ~docs.published[:n_in]
     index_entries = _index_table(
         scan,
         fresh,
@@ -176,24 +166,25 @@ def plan_dedup(
     )
     clusters = pa.table(
         {
-            "id": pa.array(all_ids, pa.string()),
-            "cluster": pa.array(all_ids[representative], pa.string()),
-            "in_input": pa.array(np.arange(len(all_ids)) < n_in),
+            "id": pa.array(docs.ids, pa.string()),
+            "source": pa.array(docs.sources, pa.string()),
+            "cluster": pa.array(docs.ids[representative], pa.string()),
+            "in_input": pa.array(np.arange(len(docs.ids)) < n_in),
         }
     )
-    first_doc = np.full(len(contents), len(all_ids), np.int64)
-    np.minimum.at(first_doc, content_of, np.arange(len(all_ids)))
+    first_doc = np.full(len(contents), len(docs.ids), np.int64)
+    np.minimum.at(first_doc, content_of, np.arange(len(docs.ids)))
     similar_pairs = pa.table(
         {
-            "id_a": pa.array(all_ids[first_doc[a[verified]]], pa.string()),
-            "id_b": pa.array(all_ids[first_doc[b[verified]]], pa.string()),
+            "id_a": pa.array(docs.ids[first_doc[a[verified]]], pa.string()),
+            "id_b": pa.array(docs.ids[first_doc[b[verified]]], pa.string()),
             "similarity": pa.array(similarity[verified], pa.float64()),
         }
     )
     stats = {
         "documents": n_in,
         "published_documents": len(published),
-        "published_in_input": int(published_input.sum()),
+        "published_in_input": int(docs.published[:n_in].sum()),
         "contents": int(len(contents)),
         "contents_hashed": len(scan.new_keys),
         "band_keys_reused": int(stored.sum()),
@@ -208,7 +199,7 @@ def plan_dedup(
         "seconds_representatives": round(time.perf_counter() - clustered, 3),
     }
     return DedupPlan(
-        dup_cluster=all_ids[rep_in],
+        dup_cluster=docs.ids[rep_in],
         cluster_size=size[:n_in].astype(np.int64),
         weight=weight.astype(np.float64),
         removed=~survivor,
@@ -257,6 +248,36 @@ def deduplicate(
         pa.concat_tables(quarantined, promote_options="default"),
         plan,
     )
+
+
+@dataclass
+class _Documents:
+    """Every document considered: the input rows first (in input order), then the published
+    documents that are not in the input. An input row whose id and text are in the index is
+    a published document; an index entry whose id is in the input with another text is
+    superseded and left out."""
+
+    ids: np.ndarray
+    sources: np.ndarray
+    keys: np.ndarray
+    quality: np.ndarray
+    published: np.ndarray
+
+    @classmethod
+    def of(cls, scan: _Scan, published: PublishedIndex) -> _Documents:
+        matched = _positions(scan.ids, published.ids)
+        published_input = np.zeros(len(scan.ids), bool)
+        in_index = np.flatnonzero(matched >= 0)
+        published_input[in_index] = published.content_keys[matched[in_index]] == scan.keys[in_index]
+        only = ~_member(published.ids, scan.ids)
+        quality = np.concatenate([scan.quality, published.quality[only]])
+        return cls(
+            ids=np.concatenate([scan.ids, published.ids[only]]),
+            sources=np.concatenate([scan.sources, published.sources[only]]),
+            keys=np.concatenate([scan.keys, published.content_keys[only]]),
+            quality=np.where(np.isfinite(quality), quality, -np.inf),
+            published=np.concatenate([published_input, np.ones(int(only.sum()), bool)]),
+        )
 
 
 @dataclass
