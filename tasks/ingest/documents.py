@@ -45,55 +45,55 @@ def _documents(
     )
 
 
+def _refusal(
+    source: SourceConfig, record: Record, too_big: bool, binary: bool, blank: bool, chars: int
+) -> str | None:
+    """Why a decoded, normalised candidate is not kept, or None."""
+    if too_big:
+        return "too_long"
+    if record.check_binary and binary:
+        return "binary"
+    if blank:
+        return "empty"
+    if chars < source.min_chars:
+        return "too_short"
+    if chars > source.max_chars:
+        return "too_long"
+    return None
+
+
 def _finish_batch(
     source: SourceConfig, records: list[Record], config: IngestConfig
 ) -> tuple[pa.Table, pa.Table]:
     """Normalise the candidates of a batch, check them, and build both tables."""
     keep_chars = config.quarantine_text_chars
-    rejected: list[tuple[Record, str]] = [(r, r.text[:keep_chars]) for r in records if r.reason is not None]
+    rejected = [(r, r.text[:keep_chars]) for r in records if r.reason is not None]
     candidates = [r for r in records if r.reason is None]
-    kept = _documents(source, [], pa.array([], pa.string()), [], [])
-    if candidates:
-        raw = pa.array([r.text for r in candidates], pa.string())
-        too_big = pc.greater(pc.binary_length(raw), config.max_doc_bytes).to_pylist()
-        binary = binary_text_mask(raw, config.binary_control_fraction).to_pylist()
-        texts = normalize_texts(raw)
-        chars = pc.utf8_length(texts).to_pylist()
-        blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0).to_pylist()
-        keep_mask = []
-        for i, record in enumerate(candidates):
-            reason = (
-                "too_long"
-                if too_big[i]
-                else "binary"
-                if record.check_binary and binary[i]
-                else "empty"
-                if blank[i]
-                else "too_short"
-                if chars[i] < source.min_chars
-                else "too_long"
-                if chars[i] > source.max_chars
-                else None
+    raw = pa.array([r.text for r in candidates], pa.string())
+    too_big = pc.greater(pc.binary_length(raw), config.max_doc_bytes).to_pylist()
+    binary = binary_text_mask(raw, config.binary_control_fraction).to_pylist()
+    texts = normalize_texts(raw)
+    chars = pc.utf8_length(texts).to_pylist()
+    blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(texts)), 0).to_pylist()
+    keep = []
+    for i, record in enumerate(candidates):
+        reason = _refusal(source, record, too_big[i], binary[i], blank[i], chars[i])
+        keep.append(reason is None)
+        if reason is not None:
+            detail = (
+                "mostly control characters"
+                if reason == "binary"
+                else f"{chars[i]} characters after normalisation"
             )
-            keep_mask.append(reason is None)
-            if reason is not None:
-                detail = (
-                    f"{chars[i]} characters after normalisation"
-                    if reason != "binary"
-                    else "mostly control characters"
-                )
-                rejected.append(
-                    (record._replace(reason=reason, detail=detail), texts[i].as_py()[:keep_chars])
-                )
-        mask = pa.array(keep_mask)
-        good = [r for r, k in zip(candidates, keep_mask, strict=True) if k]
-        kept = _documents(
-            source,
-            [r.locator for r in good],
-            pc.filter(texts, mask),
-            [_meta(source, {"source_id": r.source_id} if r.source_id is not None else {}) for r in good],
-            [document_id(source.name, r.source_id if r.source_id is not None else r.locator) for r in good],
-        )
+            rejected.append((record._replace(reason=reason, detail=detail), texts[i].as_py()[:keep_chars]))
+    good = [r for r, k in zip(candidates, keep, strict=True) if k]
+    kept = _documents(
+        source,
+        [r.locator for r in good],
+        pc.filter(texts, pa.array(keep, pa.bool_())),
+        [_meta(source, {} if r.source_id is None else {"source_id": r.source_id}) for r in good],
+        [document_id(source.name, r.locator if r.source_id is None else r.source_id) for r in good],
+    )
     quarantined = _documents(
         source,
         [r.locator for r, _ in rejected],
@@ -101,8 +101,7 @@ def _finish_batch(
         [_meta(source, {"detail": r.detail}) for r, _ in rejected],
         [document_id(source.name, r.locator) for r, _ in rejected],
     )
-    quarantined = with_quarantine_reason(quarantined, STAGE, [r.reason for r, _ in rejected])
-    return kept, quarantined
+    return kept, with_quarantine_reason(quarantined, STAGE, [r.reason for r, _ in rejected])
 
 
 def iter_partition(

@@ -65,15 +65,9 @@ def preview(data: bytes, chars: int) -> str:
 def binary_text_mask(texts: pa.Array, binary_control_fraction: float) -> pa.Array:
     """True where a decoded string (from JSON or Parquet) is mostly control characters."""
     head = pc.utf8_slice_codeunits(texts, 0, BINARY_SAMPLE_BYTES)
-    controls = pc.count_substring_regex(head, _BINARY_CHARS_RE)
-    length = pc.utf8_length(head)
-    return pc.fill_null(
-        pc.greater(
-            pc.multiply(controls.cast(pa.float64()), 1.0),
-            pc.multiply(length.cast(pa.float64()), binary_control_fraction),
-        ),
-        False,
-    )
+    controls = pc.count_substring_regex(head, _BINARY_CHARS_RE).cast(pa.float64())
+    limit = pc.multiply(pc.utf8_length(head).cast(pa.float64()), binary_control_fraction)
+    return pc.fill_null(pc.greater(controls, limit), False)
 
 
 def normalize_texts(texts: pa.Array) -> pa.Array:

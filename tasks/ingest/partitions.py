@@ -90,7 +90,7 @@ def _size(path: str) -> int:
         return 0
 
 
-def _plan_files(source: SourceConfig, files: list[tuple[str, str]], config: IngestConfig) -> Iterator[tuple]:
+def _plan_files(files: list[tuple[str, str]], config: IngestConfig) -> Iterator[tuple]:
     group: list[tuple[str, str]] = []
     group_bytes = 0
     for pair in files:
@@ -240,13 +240,8 @@ def plan_partitions(
 ) -> list[Partition]:
     """The partitions of one source, in a deterministic order."""
     files = check_source(source) if files is None else files
-    planners = {"files": _plan_files, "jsonl": _plan_jsonl, "parquet": _plan_parquet}
-    plans = (
-        planners[source.format](source, files, config)
-        if source.format == "files"
-        else planners[source.format](files, config)
-    )
+    planner = {"files": _plan_files, "jsonl": _plan_jsonl, "parquet": _plan_parquet}[source.format]
     return [
         Partition(source.name, i, group, start, end, first)
-        for i, (group, start, end, first) in enumerate(plans)
+        for i, (group, start, end, first) in enumerate(planner(files, config))
     ]

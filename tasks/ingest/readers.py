@@ -232,15 +232,19 @@ def parquet_schema_problem(schema: pa.Schema, source: SourceConfig) -> str | Non
 
 
 def read_parquet(source: SourceConfig, partition: Partition, config: IngestConfig) -> Iterator[Record]:
-    rel = partition.rel
+    # A whole-file failure is one record, from the file's first partition only (so it is not
+    # counted once per partition); its row count is in the detail.
+    whole_file = partition.start == 0
     try:
         pf = pq.ParquetFile(partition.path)
     except Exception as exc:  # noqa: BLE001 - any failure to open is this file's quarantine reason
-        yield Record(rel, "", "unreadable_file", f"not a readable Parquet file: {exc}")
+        if whole_file:
+            yield Record(partition.rel, "", "unreadable_file", f"not a readable Parquet file: {exc}")
         return
     problem = parquet_schema_problem(pf.schema_arrow, source)
     if problem:
-        yield Record(rel, "", "wrong_parquet_schema", f"{problem}; {pf.metadata.num_rows} rows")
+        if whole_file:
+            yield Record(partition.rel, "", "wrong_parquet_schema", f"{problem}; {pf.metadata.num_rows} rows")
         return
     end = pf.num_row_groups if partition.end < 0 else partition.end
     columns = [c for c in (source.text_field, source.id_field) if c]
@@ -252,21 +256,10 @@ def read_parquet(source: SourceConfig, partition: Partition, config: IngestConfi
             texts = batch.column(source.text_field).to_pylist()
             ids = batch.column(source.id_field).to_pylist() if source.id_field else [None] * len(texts)
             for text, source_id in zip(texts, ids, strict=True):
-                locator = f"{rel}:{row}"
+                yield _field_record(text, source_id, f"{partition.rel}:{row}", source)
                 row += 1
-                if (
-                    text is not None and len(text) > config.max_doc_bytes
-                ):  # chars <= bytes, so this is a lower bound
-                    yield Record(
-                        locator,
-                        text[: config.quarantine_text_chars],
-                        "too_long",
-                        f"{len(text)} chars > max_doc_bytes",
-                    )
-                else:
-                    yield _field_record(text, source_id, locator, source)
-    except Exception as exc:  # noqa: BLE001 - a corrupt row group quarantines the rest of the partition
-        yield Record(f"{rel}:{row}", "", "unreadable_file", f"read failed at row {row}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a corrupt row group: the rest of the partition is one record
+        yield Record(f"{partition.rel}:{row}", "", "unreadable_file", f"read failed at row {row}: {exc}")
 
 
 READERS = {"files": read_files, "jsonl": read_jsonl, "parquet": read_parquet}

@@ -84,14 +84,12 @@ def run_ingest(
                 "raw_parts": len(kept_writer.paths),
                 **counts,
             }
-            rate = (0.0, config.gate.max_quarantine_rate)
             stats += stats_rows(
                 source.name,
                 counts["documents_in"],
                 counts["kept"],
-                counts["documents_in"] - counts["kept"],
                 counts["rejected"],
-                {"*": rate},
+                lambda _rule: (0.0, config.gate.max_quarantine_rate),
             )
             log.info(
                 "ingest %s: %d in, %d kept, rejected %s",

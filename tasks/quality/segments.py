@@ -89,7 +89,7 @@ def count_bytes(texts: pa.Array, byte_table: np.ndarray) -> np.ndarray:
         texts.offset : texts.offset + len(texts) + 1
     ]
     data = np.frombuffer(texts.buffers()[2], dtype=np.uint8) if texts.buffers()[2] else np.zeros(0, np.uint8)
-    flags = byte_table.astype(np.uint8)[data[offsets[0] : offsets[-1]]]
+    flags = np.take(byte_table.astype(np.uint8), data[offsets[0] : offsets[-1]])
     starts = (offsets[:-1] - offsets[0]).astype(np.int64)
     nonempty = np.diff(offsets) > 0
     counts = np.zeros(len(texts), dtype=np.int64)

@@ -50,8 +50,10 @@ class ValidateGateConfig(BaseModel):
             )
         return self
 
-    def bounds_for(self, rule: str) -> Bounds:
-        return self.removal_rate.get(rule, self.default_removal_rate)
+    def rate_range(self, rule: str) -> tuple[float, float]:
+        """(min, max) share of a source's documents ``rule`` may fail ('total': all rules together)."""
+        bounds = self.removal_rate.get(rule, self.default_removal_rate)
+        return (bounds.min or 0.0, 1.0 if bounds.max is None else bounds.max)
 
 
 class ValidateConfig(BaseModel):

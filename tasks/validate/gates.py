@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,16 +270,16 @@ def stats_rows(
     source: str,
     documents_in: int,
     kept: int,
-    quarantined: int,
     failed: dict[str, int],
-    bounds: dict[str, tuple[float, float]],
+    rate_range: Callable[[str], tuple[float, float]],
 ) -> list[dict[str, Any]]:
-    """One row per rule with the documents that failed it, and a ``total`` row with every
-    quarantined document; ``bounds`` maps a rule to its (min, max) removal rate, ``"*"``
-    every rule not named."""
+    """The stage_stats rows of one source: one per rule with the documents that failed it,
+    and a ``total`` row with every document not kept; ``rate_range(rule)`` gives the rule's
+    allowed (min, max) removal rate."""
+    quarantined = documents_in - kept
     rows = []
     for rule, count in [*failed.items(), ("total", quarantined)]:
-        low, high = bounds.get(rule, bounds["*"])
+        low, high = rate_range(rule)
         rows.append(
             {
                 "source": source,

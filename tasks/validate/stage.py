@@ -33,7 +33,7 @@ from tasks.quality.classifier import load_factory
 from tasks.quality.code import CODE_RULES
 from tasks.quality.langid import check_languages
 from tasks.quality.prose import PROSE_RULES
-from tasks.validate.config import TOTAL, ValidateConfig
+from tasks.validate.config import ValidateConfig
 from tasks.validate.filters import SIGNAL_FIELDS, STAGE, ClassifierRule, FilterStats, apply_filters
 from tasks.validate.gates import (
     DocumentSample,
@@ -181,15 +181,12 @@ def run_validate(
                 **totals.to_dict(),
                 "kept_languages": dict(languages.most_common(10)),
             }
-            bounds = {rule_name: config.gate.bounds_for(rule_name) for rule_name in [*totals.rules, TOTAL]}
             stats_by_rule += stats_rows(
                 name,
                 totals.documents_in,
                 totals.kept,
-                totals.documents_in - totals.kept,
                 {rule_name: totals.failed.get(rule_name, 0) for rule_name in totals.rules},
-                {"*": (0.0, 1.0)}
-                | {r: (b.min or 0.0, 1.0 if b.max is None else b.max) for r, b in bounds.items()},
+                config.gate.rate_range,
             )
             log.info(
                 "validate %s: %d in, %d kept, removed %s",

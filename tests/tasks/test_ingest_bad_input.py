@@ -183,8 +183,10 @@ def parquet_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pq.write_table(
         pa.table({"text": [GOOD, None, "  ", GOOD + "!"], "doc_id": ["a", "b", "c", "d"]}),
         root / "a_good.parquet",
+        row_group_size=2,
     )
-    pq.write_table(pa.table({"body": [GOOD], "doc_id": ["e"]}), root / "b_missing_text.parquet")
+    missing_text = pa.table({"body": [GOOD] * 3, "doc_id": ["e", "e2", "e3"]})
+    pq.write_table(missing_text, root / "b_missing_text.parquet", row_group_size=1)
     pq.write_table(pa.table({"text": [1, 2, 3], "doc_id": ["f", "g", "h"]}), root / "c_int_text.parquet")
     (root / "d_not_parquet.parquet").write_bytes(b"PAR1 but not really")
     return root
@@ -194,7 +196,7 @@ def test_parquet_corpus_each_case_has_its_reason(parquet_corpus: Path) -> None:
     source = SourceConfig(
         name="tables", kind="prose", format="parquet", path=str(parquet_corpus), id_field="doc_id"
     )
-    config = IngestConfig(sources=[source])
+    config = IngestConfig(sources=[source], partition_bytes=1)  # a partition per row group
     kept, quarantined = _ingest(source, config)
     assert _reasons(quarantined) == {
         "a_good.parquet:1": "missing_field",
@@ -206,5 +208,6 @@ def test_parquet_corpus_each_case_has_its_reason(parquet_corpus: Path) -> None:
     assert kept.column("locator").to_pylist() == ["a_good.parquet:0", "a_good.parquet:3"]
     assert [json.loads(m)["source_id"] for m in kept.column("meta").to_pylist()] == ["a", "d"]
     details = [json.loads(m)["detail"] for m in quarantined.column("meta").to_pylist()]
-    assert any("no column 'text'" in d and "1 rows" in d for d in details)
+    assert quarantined.num_rows == 5  # a file with a wrong schema is one record, not one per row group
+    assert any("no column 'text'" in d and "3 rows" in d for d in details)
     assert any("is int64, expected a string" in d for d in details)
