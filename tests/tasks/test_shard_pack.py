@@ -179,3 +179,32 @@ def test_a_source_of_only_sampled_out_documents_says_so(tmp_path, encoder) -> No
     )
     outcome, _, _, _ = run_pack(tmp_path, encoder, [])
     assert outcome.reason == "no documents"
+
+
+def test_memory_stays_bounded_while_a_source_streams_through(tmp_path, encoder) -> None:
+    import tracemalloc
+
+    rng = random.Random(4)
+    letters = "abcdefghijklmnopqrstuvwxyz    "
+
+    def tables(count: int):
+        for t in range(count):  # generated lazily, one table at a time, as parts are read
+            yield docs(["".join(rng.choices(letters, k=400)) for _ in range(40)], prefix=f"t{t}-")
+
+    cfg = ShardConfig(seq_len=127, batch_documents=16)
+
+    def pack(name: str, count: int):
+        spill = RowSpill(tmp_path / f"{name}.rows", cfg.seq_len + 1, np.dtype("uint16"))
+        outcome = pack_source(name, lambda _: tables(count), encoder, cfg, spill, lambda table: None)
+        spill.discard()
+        return outcome, spill.rows * (cfg.seq_len + 1) * 2
+
+    pack("warm-up", 1)  # lazy imports (pyarrow pulls in pandas) are not the stream's memory
+    tracemalloc.start()
+    try:
+        outcome, spilled = pack("big", 30)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome.kept == 1200 and spilled > 500_000
+    assert peak < spilled / 4, f"peak {peak} bytes for {spilled} bytes of tokens"
