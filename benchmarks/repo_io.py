@@ -11,8 +11,12 @@ Measured in one run, rounds interleaved (best of each, the machines are shared):
   still safe against a killed process) shows the cost of hashing alone;
 * small objects (default 10,000 x 4 KiB): the same, per object, read with ``get``;
 * the lakeFS adapter (``LakeFSRepo``, the official SDK over HTTP) against the lakeFS API
-  double from ``tests/lakefs_double`` (request validation off, backed by a local repo)
-  versus the local adapter at the same sizes (smaller by default: HTTP per object).
+  double from ``tests/lakefs_double`` (request validation off, backed by a local repo
+  without fsync) versus the local adapter without fsync, at the same sizes (smaller by
+  default: HTTP per object).
+
+The load average is recorded at the start and the end: on a shared machine, sha256
+(which the plain copy does not compute) competes for the CPU with everyone else.
 
     .venv/bin/python benchmarks/repo_io.py [--large-mib 1024] [--small-count 10000] [--rounds 2]
 
@@ -198,7 +202,9 @@ def measure_lakefs_vs_local(work: Path, sources: list[Path], rounds: int, case: 
     from versioning.lakefs import LakeFSRepo
 
     count, size = len(sources), sum(p.stat().st_size for p in sources)
-    local, remove = local_repo_factory(work)
+    # The double stores into a LocalRepo without fsync; compare with the same, so the
+    # ratio is the cost of the SDK and HTTP alone.
+    local, remove = local_repo_factory(work, durable=False)
     with LakeFSDouble(work / "lakefs-double", validate=False) as double:
         names = iter(range(10**6))
 
@@ -249,6 +255,10 @@ def _keep(repo: DataRepo) -> None:
     """lakeFS repositories of the double live until the double stops."""
 
 
+def _load(averages: tuple[float, float, float]) -> str:
+    return "/".join(f"{value:.1f}" for value in averages)
+
+
 def print_table(rows: list[Row]) -> None:
     header = f"{'case':<22} {'method':<22} {'objects':>8} {'MiB':>8} {'seconds':>8} {'MiB/s':>8} {'obj/s':>9}  ratio"
     print(header)
@@ -282,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     lakefs_large_mib = args.lakefs_large_mib or max(LARGE_OBJECTS, args.large_mib // 4)
     lakefs_small_count = args.lakefs_small_count or max(1, args.small_count // 10)
 
+    load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="repo-io-", dir=args.workdir))
     try:
         print(f"repo_io: sources under {work}", flush=True)
@@ -303,7 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+    load_after = os.getloadavg()
     print()
+    print(
+        f"load average (1/5/15 min): start {_load(load_before)}, end {_load(load_after)}, on {os.cpu_count()} cpus"
+    )
     print_table(rows)
     ratio = {(r.case, r.method): r.ratio for r in rows}
     write, read = ratio[("large write", "local")], ratio[("large read", "local open")]
@@ -339,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                     "platform": platform.platform(),
                     "python": platform.python_version(),
                     "cpus": os.cpu_count(),
+                    "load_average_start": load_before,
+                    "load_average_end": load_after,
                 },
                 "lakefs_note": lakefs_note,
                 "summary": summary,
