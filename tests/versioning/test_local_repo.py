@@ -118,6 +118,10 @@ def test_falls_back_when_the_kernel_cannot_copy(
     (tmp_path / "source").write_bytes(data)
     assert local.put("main", "x", tmp_path / "source").checksum == hashlib.sha256(data).hexdigest()
     assert local.get("main", "x") == data
+    with open(tmp_path / "source", "rb") as handle:
+        handle.read(3)  # the reader's buffer now holds bytes past position 3
+        local.put("main", "y", handle)
+    assert local.get("main", "y") == data[3:]
 
 
 class _TrickleReader(io.RawIOBase):

@@ -79,7 +79,7 @@ class ObjectStore:
         if isinstance(data, str | os.PathLike):
             try:
                 with open(data, "rb", buffering=0) as source:
-                    return self._write_file(source.fileno(), 0, source.readinto)
+                    return self._write_file(source.fileno(), 0, source.readinto, source.seek)
             except FileNotFoundError:
                 raise NotFound(f"source file {os.fspath(data)!r} does not exist") from None
             except IsADirectoryError:
@@ -91,7 +91,7 @@ class ObjectStore:
             start = _regular_file_offset(data)
             if start is None:
                 return self._store(lambda fd: _copy_stream_hashing(readinto, fd, self.durable))
-            sha256, size = self._write_file(data.fileno(), start, readinto)
+            sha256, size = self._write_file(data.fileno(), start, readinto, data.seek)
             data.seek(start + size)  # leave the file object where a full read would
             return sha256, size
         raise InvalidPath(f"put needs bytes, a binary file object or a file path; got {type(data).__name__}")
@@ -130,14 +130,17 @@ class ObjectStore:
 
         return self._store(fill_hashing)
 
-    def _write_file(self, source_fd: int, start: int, readinto: ReadInto) -> tuple[str, int]:
-        """A regular file from offset ``start``: kernel copy when possible."""
+    def _write_file(
+        self, source_fd: int, start: int, readinto: ReadInto, seek: Callable[[int], object]
+    ) -> tuple[str, int]:
+        """A regular file from offset ``start``: kernel copy when possible. ``seek`` is the
+        file object's own, so a buffered reader drops its buffer when rewound."""
 
         def fill(fd: int) -> tuple[str, int]:
             try:
                 return _copy_file_hashing(source_fd, start, fd, self.durable)
             except _KernelCopyUnsupported:
-                os.lseek(source_fd, start, os.SEEK_SET)
+                seek(start)
                 return _copy_stream_hashing(readinto, fd, self.durable)
 
         return self._store(fill)
@@ -152,18 +155,18 @@ class ObjectStore:
                 f"object store {self.dir} is missing: create the repository with ensure()"
             ) from None
         try:
-            sha256, size = fill(fd)
-            if self.durable:
-                os.fdatasync(fd)
-            os.close(fd)
+            try:
+                sha256, size = fill(fd)
+                if self.durable:
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
             final = self.path(sha256)
             if os.path.exists(final):
                 os.unlink(temp)
             else:
                 self._rename_into_place(temp, final)
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             raise
