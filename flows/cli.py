@@ -10,7 +10,9 @@ import sys
 COMMAND_MODULES = [
     "flows.commands.run",
     "flows.commands.curate",
+    "flows.commands.train",
     "flows.commands.repo",
+    "flows.commands.shards",
     "flows.commands.lineage",
 ]
 

@@ -11,6 +11,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_HOME", str(_ROOT / ".prefect" / "test"))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
 
 import pytest  # noqa: E402
 
