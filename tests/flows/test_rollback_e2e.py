@@ -1,6 +1,7 @@
-"""The rollback flow through the CLI, with real training and the real Prefect API, on both backends.
+"""Rollback end to end: the curate flow, the train flow (torchrun), the rollback flow through the
+CLI and the real Prefect API, on the local adapter and on the lakeFS API double.
 
-Publish v1, train on it, publish a bad v2, continue the run on v2, then
+Publish v1, train on it, publish v2 with a deliberately bad source, continue the run on v2, then
 ``tokenlake rollback --to v1 --resume``: main equals v1 byte for byte, the v2 checkpoints are
 listed (Prefect table artifact) and marked but kept, the run resumes from its last v1
 checkpoint on the restored main, and every step shows in ``repo log`` and ``lineage``.
@@ -17,9 +18,19 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
 from flows.cli import main as tokenlake
+from flows.curate import curate
 from flows.lineage import read_lineage
+from flows.train import TrainParams, train_flow
 from flows.wap import MAIN
-from tests.flows.lineage_support import BACKENDS, BAD_SOURCES, GOOD_SOURCES, publish_version, train_tiny
+from tests.flows.curate_support import params_for, write_corpus
+from tests.flows.lineage_support import BACKENDS
+
+TINY_RUN = {
+    "global_batch": 8, "micro_batch": 4, "eval_every": 0,
+    "data": {"heldout_fraction": 0.05, "eval_sequences": 8, "prefetch_batches": 2},
+    "checkpoint": {"every": 2, "keep_last": 10, "async_save": False},
+    "stability": {"window": 8, "min_history": 4},
+}  # fmt: skip
 
 pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.slow]
 
@@ -38,14 +49,25 @@ def _artifact(flow_run_id: str, key: str):
     return next(a for a in artifacts if a.key == key)
 
 
+def _train(spec: str, dataset: str, steps: int, **fields) -> None:
+    train_flow(TrainParams(dataset=dataset, run="alpha", steps=steps, repo=spec, retries=0, overrides=TINY_RUN,
+                           **fields))  # fmt: skip
+
+
 @pytest.mark.parametrize("backend", list(BACKENDS))
-def test_roll_back_a_bad_version_and_resume_on_the_good_one(backend, tmp_path, capsys):
+def test_roll_back_a_bad_version_and_resume_on_the_good_one(backend, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
     with BACKENDS[backend](tmp_path) as (repo, spec):
-        home = tmp_path / "home"
-        v1 = publish_version(repo, "curate-run-1", GOOD_SOURCES, seed=1)
-        train_tiny(spec, home, "alpha", v1.tag, steps=4)
-        v2 = publish_version(repo, "curate-run-2", BAD_SOURCES, seed=2)
-        train_tiny(spec, home, "alpha", v2.tag, steps=8, resume="allow-data-change")
+        corpus = write_corpus(tmp_path / "sources", documents=24)
+        good = params_for(corpus, spec, tmp_path / "results")
+        v1 = curate(good)
+        _train(spec, v1.tag, steps=4)
+        scraped = write_corpus(tmp_path / "scraped", documents=24, seed=99)["prose"]
+        bad = good.model_copy(deep=True)
+        bad.ingest.sources.append(bad.ingest.sources[0].model_copy(update={"name": "scraped", "path": str(scraped)}))
+        v2 = curate(bad)
+        assert v2.new and "shards/scraped/" in {s.path[:15] for s in repo.list(v2.tag, "shards/")}
+        _train(spec, v2.tag, steps=8, resume="allow-data-change")
         v1_objects = {s.path: repo.get(v1.tag, s.path) for s in repo.list(v1.tag)}
 
         refused = tokenlake(["--repo", spec, "rollback", "--to", repo.resolve("runs")])
@@ -57,6 +79,7 @@ def test_roll_back_a_bad_version_and_resume_on_the_good_one(backend, tmp_path, c
         assert repo.diff(v1.tag, MAIN) == []
         assert {s.path: repo.get(MAIN, s.path) for s in repo.list(MAIN)} == v1_objects
         assert report["method"] == "revert" and report["reverted"] == [v2.commit_id]
+        assert not any(s.path.startswith("shards/scraped/") for s in repo.list(MAIN, "shards/"))
         assert repo.list_tags()[report["tag"]] == repo.resolve(MAIN) == report["main"] != v1.commit_id
 
         # the v2 checkpoints: listed, marked, kept
@@ -87,6 +110,7 @@ def test_roll_back_a_bad_version_and_resume_on_the_good_one(backend, tmp_path, c
         assert "publish " + v2.tag in log, "the bad version stays in history"
         tainted = cli(capsys, "--repo", spec, "lineage", "alpha@8")
         assert f"TAINTED      by {report['tag']}" in tainted and f"published    {v2.tag}" in tainted
+        assert "scraped" in tainted, "the sources of the bad version are named"
         on_v1 = json.loads(cli(capsys, "--repo", spec, "lineage", v1.tag, "--json"))
         assert [c["checkpoint"] for c in on_v1["checkpoints"]] == ["alpha@0", "alpha@2", "alpha@4", f"{run}@4"]
         on_v2 = cli(capsys, "--repo", spec, "lineage", v2.tag)
