@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +51,9 @@ class Partition:
         return self.files[0][1]
 
 
-def _matches(rel: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(rel, p) for p in patterns)
+def _glob_regex(patterns: list[str]) -> re.Pattern[str]:
+    """One compiled regex for a list of fnmatch patterns (matching never succeeds for an empty list)."""
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns) or "(?!)")
 
 
 def list_source_files(source: SourceConfig) -> list[tuple[str, str]]:
@@ -65,21 +67,18 @@ def list_source_files(source: SourceConfig) -> list[tuple[str, str]]:
         raise ConfigError(f"source {source.name!r}: path {str(root)!r} does not exist; fix its 'path'")
     if not root.is_dir():
         return [(str(root.resolve()), root.name)]
-    selected = []
+    include, exclude = _glob_regex(source.include), _glob_regex(source.exclude)
     # a folder that a "<folder>/*" exclude pattern matches holds only excluded files: skip it unread
-    folder_patterns = [p for p in source.exclude if p.endswith("/*")]
+    excluded_folder = _glob_regex([p for p in source.exclude if p.endswith("/*")])
+    selected = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
-        dirnames[:] = sorted(
-            d
-            for d in dirnames
-            if not _matches(f"{d}/" if rel_dir == "." else f"{rel_dir}/{d}/", folder_patterns)
-        )
+        base = "" if rel_dir == "." else f"{rel_dir}/"
+        dirnames[:] = sorted(d for d in dirnames if not excluded_folder.match(f"{base}{d}/"))
         for name in filenames:
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, root).replace(os.sep, "/")
-            if _matches(rel, source.include) and not _matches(rel, source.exclude):
-                selected.append((full, rel))
+            rel = base + name
+            if include.match(rel) and not exclude.match(rel):
+                selected.append((os.path.join(dirpath, name), rel))
     return sorted(selected, key=lambda pair: pair[1])
 
 
