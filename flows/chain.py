@@ -32,7 +32,6 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.context import get_run_context
-from prefect.transactions import CommitMode, transaction
 
 from flows.artifacts import RunProgress
 from flows.caching import (
@@ -115,7 +114,7 @@ class RunChain:
 
     def begin(self, head: str) -> None:
         """The run branch exists at ``head`` (main's head when the run started)."""
-        self.previous = published_record(open_repo(self.repo_spec, create=False), head)
+        self.previous = published_version_at(self.repo_spec, head)
         self.on_published_chain = self.previous is not None
         self.progress = RunProgress(STAGES)
 
@@ -126,8 +125,10 @@ class RunChain:
     def run(self, stage: str, stage_task: Any, config: Any, input_commit: str) -> StageResult:
         assert self.progress is not None, "begin() first"
         self.progress.started(stage)
-        key = stage_cache_key(stage, self.repo_spec, input_commit, config)
-        decision = self._decide(stage, key)
+        published = self.previous.link(stage) if self.previous and self.on_published_chain else None
+        key, decision = plan_stage(
+            stage, self.repo_spec, self.branch, config, input_commit, self.results_dir, published
+        )
         runnable = stage_task.with_options(
             cache_policy=StageCachePolicy(stage=stage),
             result_storage=self.results_dir,
@@ -138,9 +139,7 @@ class RunChain:
             retry_jitter_factor=self.jitter,
             retry_condition_fn=retry_transient,
         )
-        # EAGER: the result is cached the moment the stage ends, even if the run fails later.
-        with transaction(commit_mode=CommitMode.EAGER):
-            state = runnable(self.repo_spec, self.branch, config, input_commit, self.flow_run_id, return_state=True)
+        state = runnable(self.repo_spec, self.branch, config, input_commit, self.flow_run_id, return_state=True)
         result: StageResult = state.result()
         reused = state.name == "Cached"
         if reused and decision == "fast-forward":
@@ -151,21 +150,37 @@ class RunChain:
         self.progress.finished(result, reused)
         return result
 
-    def _decide(self, stage: str, key: str) -> str:
-        """'in-place', 'fast-forward', 'refresh' (cached, unusable on this branch) or 'run' (not cached)."""
-        repo = open_repo(self.repo_spec, create=False)
-        published = self.previous.link(stage) if self.previous and self.on_published_chain else None
-        cached = cached_stage_result(self.results_dir, key)
-        if published is not None and published.key == key:
-            if cached is None or cached.commit_id != published.commit:
-                report = json.loads(repo.get(published.commit, f"reports/{stage}.json"))
-                seed_stage_result(self.results_dir, key, StageResult(stage, published.commit, report))
-            return "in-place"
-        if cached is None:
-            return "run"
-        if commit_exists(repo, cached.commit_id) and repo.is_ancestor(repo.resolve(self.branch), cached.commit_id):
-            return "fast-forward"
-        return "refresh"
+
+@task(name="published-version", cache_policy=NO_CACHE, **IO_RETRIES)
+def published_version_at(repo_spec: str, head: str) -> PublishRecord | None:
+    """What the version at main's head was built from, if a curate run published it."""
+    return published_record(open_repo(repo_spec, create=False), head)
+
+
+@task(name="plan-stage", cache_policy=NO_CACHE, **IO_RETRIES)
+def plan_stage(
+    stage: str,
+    repo_spec: str,
+    branch: str,
+    config: Any,
+    input_commit: str,
+    results: Path,
+    published: ChainLink | None,
+) -> tuple[str, str]:
+    """(cache key, decision): 'in-place', 'fast-forward', 'refresh' (cached, unusable here) or 'run'."""
+    key = stage_cache_key(stage, repo_spec, input_commit, config)
+    repo = open_repo(repo_spec, create=False)
+    cached = cached_stage_result(results, key)
+    if published is not None and published.key == key:
+        if cached is None or cached.commit_id != published.commit:
+            report = json.loads(repo.get(published.commit, f"reports/{stage}.json"))
+            seed_stage_result(results, key, StageResult(stage, published.commit, report))
+        return key, "in-place"
+    if cached is None:
+        return key, "run"
+    if commit_exists(repo, cached.commit_id) and repo.is_ancestor(repo.resolve(branch), cached.commit_id):
+        return key, "fast-forward"
+    return key, "refresh"
 
 
 def repository_spec(configured: str | None) -> str:

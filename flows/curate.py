@@ -11,11 +11,13 @@ stages are reused exactly (:mod:`flows.chain`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.transactions import get_transaction, transaction
+from prefect.transactions import BaseTransaction, get_transaction, transaction
 
 from flows.artifacts import SummaryLinks, stages_table, summary
 from flows.chain import IO_RETRIES, RunChain
@@ -38,8 +40,8 @@ class GateFailed(RuntimeError):
 def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
     """Curate the configured sources into a new dataset version on ``main``."""
     run = RunChain.start(params)
-    with transaction():  # any failure rolls back: the run branch is deleted, main is untouched
-        head = open_branch(run.repo_spec, run.branch)
+    head = open_branch(run.repo_spec, run.branch)
+    with rolled_back_on_failure(run.repo_spec, run.branch):  # main stays untouched
         run.begin(head)
         ingested = run.run("ingest", ingest_task, params.ingest, input_commit=head)
         validated = run.run("validate", validate_task, params.filters, ingested.commit_id)
@@ -57,19 +59,41 @@ def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
 @task(name="open-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)
 def open_branch(repo_spec: str, branch: str) -> str:
     """Create the run branch from main (and the repository if new); returns main's head."""
-    txn = get_transaction()
-    if txn is not None:  # what the rollback hook needs
-        txn.set("repo_spec", repo_spec)
-        txn.set("branch", branch)
     return open_run_branch(open_repo(repo_spec), branch)
 
 
-@open_branch.on_rollback
+@task(name="guard-run-branch", cache_policy=NO_CACHE)
+def guard_branch(repo_spec: str, branch: str) -> None:
+    """No work: it puts the rollback hook below into the run's transaction."""
+    txn = get_transaction()
+    assert txn is not None, "guard_branch runs inside the run's transaction"
+    txn.set("repo_spec", repo_spec)
+    txn.set("branch", branch)
+
+
+@guard_branch.on_rollback
 def _delete_run_branch(txn: Any) -> None:
     try:
         open_repo(txn.get("repo_spec"), create=False).delete_branch(txn.get("branch"))
     except NotFound:
         pass
+
+
+@contextmanager
+def rolled_back_on_failure(repo_spec: str, branch: str) -> Iterator[None]:
+    """A Prefect transaction whose rollback deletes the run branch when the block fails.
+
+    The tasks inside run outside the transaction: in Prefect, a failed attempt of a task
+    inside a transaction rolls the transaction back even when a retry then succeeds, which
+    would delete the branch under a run that goes on. Only the block's failure rolls back.
+    """
+    with transaction():
+        guard_branch(repo_spec, branch)
+        detached = BaseTransaction.__var__.set(None)  # tasks below open transactions of their own
+        try:
+            yield
+        finally:
+            BaseTransaction.__var__.reset(detached)
 
 
 @task(name="close-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)
