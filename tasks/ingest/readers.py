@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from tasks.ingest.partitions import Partition
 
 READ_CHUNK = 1 << 20
+# Compressed input is fed in small pieces: one piece can expand about a thousandfold
+# (deflate's limit is 1032:1), so this bounds what one step can put in memory.
+COMPRESSED_CHUNK = 64 << 10
 PARQUET_BATCH_ROWS = 1024
 
 
@@ -52,7 +55,7 @@ def _decompressed_chunks(raw, new_decompressor: Callable[[], Any]) -> Iterator[b
     the second returns a clean end of file on a truncated frame. ``eof`` tells both cases apart.
     """
     decompressor, fed = new_decompressor(), False
-    while data := raw.read(READ_CHUNK):
+    while data := raw.read(COMPRESSED_CHUNK):
         while data:
             fed = True
             out = decompressor.decompress(data)
