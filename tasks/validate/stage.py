@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tasks.ingest.config import ConfigError
 from tasks.io import (
     DOCUMENT_SCHEMA,
     PartWriter,
@@ -52,7 +53,7 @@ GATE_COLUMNS = ["id", "source", "text", "locator", "meta", *(f.name for f in SIG
 GATE_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, *SIGNAL_FIELDS, pa.field("text_chars", pa.int64())])
 
 
-class ValidateConfigError(ValueError):
+class ValidateConfigError(ConfigError):
     """A validate misconfiguration found before any work; the message names what to fix."""
 
 
