@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,14 +133,18 @@ class CheckpointRecord:
         }
 
 
+StepSelector = Callable[[list[int]], Iterable[int]]
+
+
 @dataclass
 class LineageIndex:
-    """Every lineage record on branch ``runs`` at one commit, read in one pass."""
+    """The lineage records on branch ``runs`` at one commit, from one listing."""
 
     commit: str | None  # None when branch ``runs`` does not exist yet
-    checkpoints: list[CheckpointRecord]
+    checkpoints: list[CheckpointRecord]  # the records read: every one, or those a selector chose
     events: list[dict[str, Any]]
     rollbacks: list[dict[str, Any]]
+    listed: dict[str, list[int]] = field(default_factory=dict)  # run -> every checkpoint step listed
 
     def of_run(self, run: str) -> list[CheckpointRecord]:
         return [c for c in self.checkpoints if c.run == run]
@@ -160,41 +164,44 @@ def read_json_objects(repo: DataRepo, ref: str, paths: list[str]) -> list[Any]:
         return list(pool.map(lambda p: json.loads(repo.get(ref, p)), paths))
 
 
-def read_lineage(repo: DataRepo, run: str | None = None) -> LineageIndex:
-    """Every record under ``runs/`` (or one run's and the rollback records) at ``runs``' head."""
+def read_lineage(repo: DataRepo, run: str | None = None, select: StepSelector | None = None) -> LineageIndex:
+    """The records under ``runs/`` (or one run's, plus the rollback records) at ``runs``' head.
+
+    Events, taint marks and rollback records are always read (there are few); checkpoint
+    records all, or with ``select`` only the steps it picks from each run's listed steps."""
     try:
         commit = repo.resolve(LINEAGE_BRANCH)
     except NotFound:
         return LineageIndex(None, [], [], [])
     prefixes = [f"{RUNS_PREFIX}{run}/", ROLLBACK_RECORDS] if run else [RUNS_PREFIX]
     paths = [stat.path for prefix in prefixes for stat in repo.list(commit, prefix)]
-    kinds = {name: [p for p in paths if pattern.match(p)] for name, pattern in (
-        ("checkpoint", _CHECKPOINT), ("event", _EVENT), ("taint", _TAINT), ("rollback", _ROLLBACK))}
-    wanted = [p for name in ("checkpoint", "event", "taint", "rollback") for p in kinds[name]]
+    checkpoint_paths = {_run_step(m): p for p in paths if (m := _CHECKPOINT.match(p))}
+    listed: dict[str, list[int]] = {}
+    for run_name, step in sorted(checkpoint_paths):
+        listed.setdefault(run_name, []).append(step)
+    if select is not None:
+        chosen = {(name, step) for name, steps in listed.items() for step in select(steps)}
+        checkpoint_paths = {key: p for key, p in checkpoint_paths.items() if key in chosen}
+    taint_paths = {_run_step(m): p for p in paths if (m := _TAINT.match(p))}
+    event_paths = [p for p in paths if _EVENT.match(p)]
+    rollback_paths = [p for p in paths if _ROLLBACK.match(p)]
+    wanted = [*checkpoint_paths.values(), *taint_paths.values(), *event_paths, *rollback_paths]
     body = dict(zip(wanted, read_json_objects(repo, commit, wanted), strict=True))
 
-    marks: dict[tuple[str, int], list[TaintMark]] = {}
-    for path in kinds["taint"]:
-        match = _TAINT.match(path)
-        assert match is not None
-        key = (match["run"], int(match["step"]))
-        marks[key] = [TaintMark(**mark) for mark in body[path].get("marks", [])]
-    checkpoints = sorted(
-        (CheckpointRecord.from_record(body[p], marks.get(_run_step(_CHECKPOINT, p), ())) for p in kinds["checkpoint"]),
-        key=lambda c: (c.run, c.step),
-    )
+    marks = {key: [TaintMark(**mark) for mark in body[p].get("marks", [])] for key, p in taint_paths.items()}
+    checkpoints = [
+        CheckpointRecord.from_record(body[p], marks.get(key, ())) for key, p in sorted(checkpoint_paths.items())
+    ]
     events = []
-    for path in kinds["event"]:
+    for path in event_paths:
         match = _EVENT.match(path)
         assert match is not None
         events.append({"run": match["run"], "kind": match["kind"], "step": int(match["step"]), **body[path]})
-    rollbacks = sorted((body[p] for p in kinds["rollback"]), key=lambda r: r.get("created", 0.0))
-    return LineageIndex(commit, checkpoints, events, rollbacks)
+    rollbacks = sorted((body[p] for p in rollback_paths), key=lambda r: r.get("created", 0.0))
+    return LineageIndex(commit, checkpoints, events, rollbacks, listed)
 
 
-def _run_step(pattern: re.Pattern[str], path: str) -> tuple[str, int]:
-    match = pattern.match(path)
-    assert match is not None
+def _run_step(match: re.Match[str]) -> tuple[str, int]:
     return match["run"], int(match["step"])
 
 
@@ -324,8 +331,12 @@ class CheckpointLineage:
     events: tuple[dict[str, Any], ...]  # the run's events up to this checkpoint's step
 
 
-def find_checkpoint(repo: DataRepo, name: str, index: LineageIndex | None = None) -> CheckpointRecord:
-    """``RUN@STEP`` or a checkpoint directory on disk -> its lineage record."""
+def find_checkpoint(repo: DataRepo, name: str) -> CheckpointRecord:
+    """``RUN@STEP`` or a checkpoint directory on disk -> its lineage record (read alone)."""
+    return _find(repo, name)[0]
+
+
+def _find(repo: DataRepo, name: str) -> tuple[CheckpointRecord, LineageIndex]:
     directory = Path(name)
     if (directory / META).is_file():
         meta = json.loads((directory / META).read_text())
@@ -334,14 +345,14 @@ def find_checkpoint(repo: DataRepo, name: str, index: LineageIndex | None = None
         run, step, meta = match["run"], int(match["step"]), None
     else:
         raise LineageError(f"{name!r} is neither a checkpoint directory nor RUN@STEP")
-    index = index or read_lineage(repo, run)
+    index = read_lineage(repo, run, select=lambda steps: [step])
     found = index.find(run, step)
     if found is not None:
-        return found
+        return found, index
     if meta is not None:  # its lineage record is still queued on the training machine
         record = {k: v for k, v in meta.items() if k != "config"} | {"checkpoint": str(directory.resolve())}
-        return CheckpointRecord.from_record(record)
-    steps = ", ".join(str(c.step) for c in index.of_run(run)) or "none"
+        return CheckpointRecord.from_record(record), index
+    steps = ", ".join(map(str, index.listed.get(run, []))) or "none"
     raise LineageError(
         f"no lineage record for checkpoint {run}@{step} on branch {LINEAGE_BRANCH!r} "
         f"(run {run!r} has checkpoints at steps: {steps})"
@@ -350,9 +361,7 @@ def find_checkpoint(repo: DataRepo, name: str, index: LineageIndex | None = None
 
 def checkpoint_lineage(repo: DataRepo, name: str) -> CheckpointLineage:
     """Everything lineage knows about one checkpoint: its data version, stage chain, sources, events."""
-    checkpoint = find_checkpoint(repo, name)
-    index = read_lineage(repo, checkpoint.run)
-    checkpoint = index.find(checkpoint.run, checkpoint.step) or checkpoint
+    checkpoint, index = _find(repo, name)
     events = tuple(e for e in index.events if e["run"] == checkpoint.run and e["step"] <= checkpoint.step)
     return CheckpointLineage(checkpoint, describe_data(repo, checkpoint.data_commit, index), events)
 
@@ -414,7 +423,10 @@ def step_positions(repo: DataRepo, checkpoint: CheckpointRecord, step: int) -> l
         raise LineageError(
             f"step {step} is not one that {checkpoint.name} trained: give a step from 1 to {checkpoint.step}"
         )
-    run = read_lineage(repo, checkpoint.run).of_run(checkpoint.run) or [checkpoint]
+    def around(steps: list[int]) -> list[int]:  # the newest checkpoint before the step, the first at or after
+        return [max((s for s in steps if s < step), default=-1), min((s for s in steps if s >= step), default=-1)]
+
+    run = read_lineage(repo, checkpoint.run, select=around).of_run(checkpoint.run)
     start = max((c for c in run if c.step < step), key=lambda c: c.step, default=None)
     covering = min((c for c in run if c.step >= step), key=lambda c: c.step, default=checkpoint)
     config = training_config(checkpoint)
