@@ -129,7 +129,7 @@ def _data_lineage(repo: Any, args: argparse.Namespace) -> int:
 
 
 def _data_header(data: Any) -> str:
-    lines = [f"data commit  {data.commit}  ({data.kind}: {data.message})"]
+    lines = [f"data commit  {data.commit}  ({data.message})"]
     if data.tags:
         lines.append(f"tags         {', '.join(data.tags)}")
     if data.restores:

@@ -25,8 +25,12 @@ GOOD_SOURCES = {"web": 240, "code": 160}
 BAD_SOURCES = {"web": 240, "code": 160, "spam": 200}
 
 
-def publish_version(repo: DataRepo, flow_run_id: str, sources: dict[str, int], seed: int) -> PublishedVersion:
-    """Ingest, shard and mix commits on a run branch, published into main and tagged."""
+def publish_version(
+    repo: DataRepo, flow_run_id: str, sources: dict[str, int], seed: int, source_configs: bool = False
+) -> PublishedVersion:
+    """Ingest, shard and mix commits on a run branch, published into main and tagged.
+
+    ``source_configs``: the ingest report also records each source's config section."""
     branch = run_branch(flow_run_id)
     main = repo.create_branch(branch, "main")
     per_source = {
@@ -34,7 +38,13 @@ def publish_version(repo: DataRepo, flow_run_id: str, sources: dict[str, int], s
                "documents_in": n, "kept": n}
         for name, n in sources.items()
     }  # fmt: skip
-    repo.put(branch, "reports/ingest.json", json.dumps({"stage": "ingest", "per_source": per_source}).encode())
+    report: dict[str, Any] = {"stage": "ingest", "per_source": per_source}
+    if source_configs:
+        report["extra"] = {"sources": [
+            {"name": name, "kind": stats["kind"], "format": "files", "path": f"/data/{name}", "include": ["*.txt"]}
+            for name, stats in per_source.items()
+        ]}  # fmt: skip
+    repo.put(branch, "reports/ingest.json", json.dumps(report).encode())
     ingest = repo.commit(branch, "ingest", _stage_meta("ingest", f"ingest-{seed}", main, flow_run_id)).id
     shard = publish_synthetic_dataset(repo, branch, sources, total_samples=1200, seed=seed)
     mix = repo.commit(branch, "mix", _stage_meta("mix", f"mix-{seed}", shard, flow_run_id), allow_empty=True).id

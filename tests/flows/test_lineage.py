@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from flows.cli import main as tokenlake
 from flows.lineage import (
     LineageError,
     checkpoint_lineage,
@@ -35,7 +36,7 @@ def backend(request, tmp_path):
 def test_a_checkpoint_names_its_publish_stages_and_sources(backend):
     repo, _ = backend
     v1 = publish_version(repo, "flow-run-1", GOOD_SOURCES, seed=1)
-    v2 = publish_version(repo, "flow-run-2", BAD_SOURCES, seed=2)
+    v2 = publish_version(repo, "flow-run-2", BAD_SOURCES, seed=2, source_configs=True)
     write_checkpoint_records(repo, "alpha", v1.commit_id, [0, 2, 4])
     write_checkpoint_records(repo, "beta", v2.commit_id, [0, 2])
 
@@ -50,6 +51,9 @@ def test_a_checkpoint_names_its_publish_stages_and_sources(backend):
     ]  # fmt: skip
     assert [s["name"] for s in data.sources] == ["code", "web"]
     assert data.sources[0]["kind"] == "code" and "kept" not in data.sources[0]
+
+    configured = checkpoint_lineage(repo, "beta@2").data.sources
+    assert [(s["name"], s["path"]) for s in configured] == [(n, f"/data/{n}") for n in BAD_SOURCES]
 
     assert [c.name for c in checkpoints_on(repo, v1.tag)] == ["alpha@0", "alpha@2", "alpha@4"]
     assert [c.name for c in checkpoints_on(repo, v2.commit_id)] == ["beta@0", "beta@2"]
@@ -100,3 +104,24 @@ def test_step_positions_are_the_samples_training_read(backend, tmp_path):
     assert find_checkpoint(repo, checkpoint_dir).name == "alpha@4", "a checkpoint directory names it too"
     assert step_positions(repo, find_checkpoint(repo, checkpoint_dir), 3) == step_positions(repo, last, 3)
 
+
+
+def test_the_lineage_command_prints_tables_and_json(tmp_path, capsys):
+    """``tokenlake lineage`` and a refused ``tokenlake rollback`` (answered before Prefect starts)."""
+    with BACKENDS["local"](tmp_path) as (repo, spec):
+        v1 = publish_version(repo, "flow-run-1", GOOD_SOURCES, seed=1)
+        write_checkpoint_records(repo, "alpha", v1.commit_id, [0, 2])
+
+        assert tokenlake(["--repo", spec, "lineage", "alpha@2"]) == 0
+        text = capsys.readouterr().out
+        assert f"published    {v1.tag} by merge {v1.commit_id[:12]} (curate flow run flow-run-1)" in text
+        assert "ingest  " in text and "code  code" in text
+        assert tokenlake(["--repo", spec, "lineage", v1.tag, "--json"]) == 0
+        body = json.loads(capsys.readouterr().out)
+        assert body["data"]["publish_tag"] == v1.tag
+        assert [(c["checkpoint"], c["metrics"]["step"]) for c in body["checkpoints"]] == [("alpha@0", 0), ("alpha@2", 2)]
+
+        assert tokenlake(["--repo", spec, "lineage", v1.tag, "--step", "1"]) == 2
+        assert "--step needs a checkpoint" in capsys.readouterr().err
+        assert tokenlake(["--repo", spec, "rollback", "--to", MAIN]) == 2
+        assert "main already holds the content of 'main'" in capsys.readouterr().err
