@@ -21,7 +21,7 @@ from prefect.transactions import BaseTransaction, get_transaction, transaction
 
 from flows.artifacts import SummaryLinks, stages_table, summary
 from flows.chain import IO_RETRIES, RunChain
-from flows.params import CurateParams, GateConfig
+from flows.params import CurateParams, GateConfig, check_ready
 from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish
 from tasks.dedup.task import dedup_task
 from tasks.ingest.task import ingest_task
@@ -40,6 +40,7 @@ class GateFailed(RuntimeError):
 def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
     """Curate the configured sources into a new dataset version on ``main``."""
     run = RunChain.start(params)
+    preflight(params, run.repo_spec)
     head = open_branch(run.repo_spec, run.branch)
     with rolled_back_on_failure(run.repo_spec, run.branch):  # main stays untouched
         run.begin(head)
@@ -54,6 +55,12 @@ def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
     stages_table(run.done)
     print(summary(version, run.branch, run.done, summary_links(run, params)))
     return version
+
+
+@task(name="preflight", cache_policy=NO_CACHE)
+def preflight(params: CurateParams, repo_spec: str) -> None:
+    """Sources, mix and repository checked before any work (a misconfiguration is one sentence)."""
+    check_ready(params, repo_spec)
 
 
 @task(name="open-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)

@@ -104,6 +104,26 @@ class CurateParams(BaseModel):
             raise ValueError(f"{where}: {one_sentence(exc)}") from None
 
 
+def check_ready(params: CurateParams, repo_spec: str) -> None:
+    """What can fail before any work, failing fast with one sentence: the sources, the mix's
+    source names, the repository."""
+    from tasks.ingest import ConfigError, check_source
+    from versioning import open_repo
+
+    if not params.ingest.sources:
+        raise ConfigError("no sources to curate: add at least one [[ingest.sources]] entry")
+    for source in params.ingest.sources:
+        check_source(source)
+    names = {s.name for s in params.ingest.sources}
+    for where, weights in [("mix.weights", params.mix.weights)] + [
+        (f"mix.phases[{i}].weights", phase.weights) for i, phase in enumerate(params.mix.phases)
+    ]:
+        unknown = sorted(set(weights or {}) - names)
+        if unknown:
+            raise ConfigError(f"{where} names {', '.join(unknown)}, not among the sources ({', '.join(sorted(names))})")
+    open_repo(repo_spec).list_branches()  # reachable, and created when new
+
+
 def one_sentence(exc: ValidationError) -> str:
     """The first validation error as 'field.path: message' (there is usually one)."""
     error = exc.errors()[0]

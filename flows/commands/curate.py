@@ -79,7 +79,11 @@ def run_curate(args: argparse.Namespace) -> int:
 
 def curate_and_report(params: Any, as_json: bool, flow: Any = None) -> Any:
     """Run ``flow`` (default: curate) with a console progress bar; print and return what it made."""
+    from flows.chain import repository_spec
     from flows.curate import curate
+    from flows.params import check_ready
+
+    check_ready(params, repository_spec(params.repository.spec))  # a misconfiguration: one sentence, no run
 
     events: list[Any] = []
     with console_progress(events, enabled=not as_json):

@@ -1,0 +1,135 @@
+"""What the Prefect UI does, through Prefect's own client, against `tokenlake serve`.
+
+`tokenlake serve` runs as a subprocess serving deploy/prefect.yaml; the test then does what
+a person does in the UI: starts a curate run with custom parameters (the form), and retries a
+failed run (the Retry button sets the run to AwaitingRetry), which completes and reuses the
+stages its failed attempt finished.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.exceptions import ObjectNotFound
+from prefect.settings import PREFECT_API_URL
+from prefect.states import Scheduled
+
+from flows.deployments import load_deployments
+from tests.flows.curate_support import params_for, write_corpus
+from versioning.local import LocalRepo
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+PREFECT_YAML = Path(__file__).resolve().parents[2] / "deploy" / "prefect.yaml"
+
+
+def test_prefect_yaml_declares_curate_nightly_and_janitor_with_schedules():
+    deployments, _skipped = load_deployments(PREFECT_YAML)
+    by_name = {d.name: d for d in deployments}
+    assert {"curate-nightly", "janitor-hourly"} <= set(by_name)
+    assert by_name["curate-nightly"].schedules and by_name["janitor-hourly"].schedules
+    assert by_name["curate-nightly"].entrypoint == "flows.curate.curate"
+
+
+@pytest.fixture
+def served(tmp_path):
+    """`tokenlake serve` in a subprocess, talking to the test's Prefect API."""
+    env = os.environ | {
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+        "TOKENLAKE_HOME": str(tmp_path / "home"),
+        "TOKENLAKE_REPO": str(tmp_path / "repo"),
+    }
+    log = (tmp_path / "serve.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "serve", "--prefect-yaml", str(PREFECT_YAML)],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        yield _deployment_id("curate/curate-nightly", process, tmp_path / "serve.log")
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def _deployment_id(name: str, process: subprocess.Popen, log: Path) -> UUID:
+    with get_client(sync_client=True) as client:
+        while process.poll() is None:
+            try:
+                return client.read_deployment_by_name(name).id
+            except ObjectNotFound:
+                time.sleep(0.5)
+    raise AssertionError(f"tokenlake serve exited ({process.returncode}):\n{log.read_text()}")
+
+
+def _final_state(flow_run_id: UUID, not_before_run: int = 1):
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            if run.state and run.state.is_final() and run.run_count >= not_before_run:
+                return run.state
+            time.sleep(0.5)
+
+
+def _task_states(flow_run_id: UUID, attempt: int) -> dict[str, str]:
+    """Task name -> state name, for the task runs of one attempt of a flow run."""
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            runs = [r for r in runs if r.flow_run_run_count == attempt]
+            if runs and all(r.state and r.state.is_final() for r in runs):
+                return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
+            time.sleep(0.5)
+
+
+def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_stages(served, tmp_path):
+    deployment_id = served
+    corpus = write_corpus(tmp_path / "sources")
+    repo = LocalRepo(tmp_path / "repo")
+    params = params_for(corpus, str(repo.root), tmp_path / "results")
+
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run_from_deployment(
+            deployment_id, parameters={"params": params.model_dump(mode="json")}
+        )
+    assert _final_state(run.id).is_completed()
+    (first_tag,) = [t for t in repo.list_tags() if t.startswith("ds-")]
+
+    # The next run reuses a tokenizer tag that does not exist yet: the shard stage fails.
+    wanting = params.model_copy(update={
+        "dedup": params.dedup.model_copy(update={"threshold": 0.7}),
+        "shards": params.shards.model_copy(update={"reuse_tokenizer_from": "tokenizer-v1"}),
+    })
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run_from_deployment(
+            deployment_id, parameters={"params": wanting.model_dump(mode="json")}
+        )
+    assert _final_state(run.id).is_failed()
+    failed_attempt = _task_states(run.id, attempt=1)
+    assert failed_attempt["dedup"] == "Completed" and failed_attempt["shard"] == "Failed"
+    assert repo.list_tags().keys() == {first_tag}, "the failed run published nothing"
+
+    repo.create_tag("tokenizer-v1", first_tag)  # the fix, then the UI's Retry button
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry", message="Retry from the UI"))
+    assert _final_state(run.id, not_before_run=2).is_completed()
+    retried = _task_states(run.id, attempt=2)
+    assert {s: retried[s] for s in ("ingest", "validate", "dedup")} == dict.fromkeys(
+        ("ingest", "validate", "dedup"), "Cached"
+    )
+    assert retried["shard"] == retried["mix"] == "Completed"
+    assert len([t for t in repo.list_tags() if t.startswith("ds-")]) == 2
