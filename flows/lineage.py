@@ -3,7 +3,7 @@
 Pure functions over a :class:`~versioning.DataRepo` (no Prefect). Everything they read is in
 the dataset repository, so they answer the same on both adapters:
 
-* branch ``runs`` (one listing of ``runs/``, then the records read in parallel):
+* branch ``runs`` (one listing, then the records a query needs, read in parallel):
 
   - ``runs/<run>/checkpoints/step-NNNNNNN.json``: one per saved checkpoint, written by the
     trainer (:mod:`training.lineage`): the checkpoint's ``meta.json`` without the config;
@@ -45,7 +45,6 @@ from versioning import DataRepo, NotFound
 
 RUNS_PREFIX = "runs/"
 ROLLBACK_RECORDS = "runs/_rollbacks/"
-ROLLBACK_TAG_PREFIX = "rollback-"
 CURATE_STAGES = ("ingest", "validate", "dedup", "shard", "mix")
 READ_WORKERS = 16  # records are small; on lakeFS each read is one HTTP round trip
 
@@ -241,7 +240,7 @@ def describe_data(repo: DataRepo, ref: str, index: LineageIndex | None = None) -
     commit = repo.get_commit(repo.resolve(ref))
     tags = tuple(sorted(t for t, c in repo.list_tags().items() if c == commit.id))
     kind = commit.metadata.get("stage") or "commit"
-    restores = commit.metadata.get("target", "") if kind in ("rollback", "revert", "restore") else ""
+    restores = _restored_from(repo, commit.metadata)
     published = _publish_behind(repo, commit.id)
     record = PublishRecord.from_commit(repo.get_commit(published)) if published else None
     if record is not None:
@@ -266,16 +265,29 @@ def describe_data(repo: DataRepo, ref: str, index: LineageIndex | None = None) -
     )
 
 
-def _publish_behind(repo: DataRepo, commit_id: str, depth: int = 8) -> str:
+def _restored_from(repo: DataRepo, meta: dict[str, str]) -> str:
+    """For a rollback's commits, the commit whose content this one holds ("" for any other commit).
+
+    The rollback marker and a restore commit hold the target's content; a revert commit
+    holds its reverted commit's first parent's (one step of several, perhaps)."""
+    stage = meta.get("stage")
+    if stage in ("rollback", "restore"):
+        return meta.get("target", "")
+    if stage == "revert" and meta.get("reverted_commit"):
+        parents = repo.get_commit(meta["reverted_commit"]).parents
+        return parents[0] if parents else ""
+    return ""
+
+
+def _publish_behind(repo: DataRepo, commit_id: str, depth: int = 16) -> str:
     """The publish merge whose content ``commit_id`` holds: itself, or what a rollback restored."""
     for _ in range(depth):
         meta = repo.get_commit(commit_id).metadata
         if meta.get("stage") == "publish" and "chain" in meta:
             return commit_id
-        if meta.get("stage") in ("rollback", "revert", "restore") and meta.get("target"):
-            commit_id = meta["target"]
-            continue
-        return ""
+        commit_id = _restored_from(repo, meta)
+        if not commit_id:
+            return ""
     return ""
 
 

@@ -58,6 +58,9 @@ def test_rollback_reverts_each_newer_publish_and_keeps_history(backend):
     assert {v1.commit_id, v2.commit_id, v3.commit_id, *restored.revert_commits} <= set(history)
     assert repo.is_ancestor(v3.commit_id, MAIN), "history is kept: the bad versions stay reachable"
     assert describe_data(repo, MAIN).publish_tag == v1.tag, "the rollback commit holds v1's content"
+    undo_v3, undo_v2 = restored.revert_commits
+    assert describe_data(repo, undo_v3).publish_tag == v2.tag, "one revert in, main held v2's content"
+    assert describe_data(repo, undo_v2).publish_tag == v1.tag
 
 
 def test_a_target_reached_through_a_merge_gets_a_restore_commit(backend):
