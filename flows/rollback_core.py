@@ -96,8 +96,8 @@ def refuse_while_publishing(repo: DataRepo) -> None:
     holder = publish_in_progress(repo)
     if holder is not None:
         raise RollbackRefused(
-            f"a curate run is publishing (flow run {holder['flow_run_id'] or 'unknown'}); wait for it to "
-            "finish, or run `tokenlake janitor` if that run is dead, then roll back"
+            f"a curate run is publishing (the publish lock is held by flow run {holder['flow_run_id'] or 'unknown'}); "
+            "wait for it to finish, or run `tokenlake janitor` if that run is dead, then roll back"
         )
 
 
@@ -137,7 +137,7 @@ def _revertible_chain(parents: dict[str, tuple[str, ...]], head: str, target: st
 def restore_main(repo: DataRepo, plan: RollbackPlan, flow_run_id: str) -> RestoredMain:
     """Bring ``main`` to the target's content (under the publish lock) and tag the rollback."""
     try:
-        with publish_lock(repo, f"rollback-{flow_run_id}", wait_s=0):
+        with publish_lock(repo, flow_run_id, wait_s=0):  # the janitor frees it if this process dies
             if repo.resolve(MAIN) != plan.main_head:
                 raise RollbackRefused("main moved while the rollback was being planned; run it again")
             tag = next_rollback_tag(repo)
