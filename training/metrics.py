@@ -3,6 +3,7 @@
 Throughput: ``tokens_per_s`` = global tokens of a step / the step's wall time (from the end
 of the previous step to the end of this one, so data waits, evaluation and checkpoint
 stalls count). ``data_wait_share`` = the time the step waited for the loader / that time.
+``cpu_ms`` = CPU time of the whole process (every thread: loader, checkpoint writer) in it.
 
 FLOPs: ``flops_per_token = 6 N + 12 L H Q T`` (``GPT.flops_per_token``: forward and
 backward of the matmuls with N non-embedding parameters, plus attention). Achieved

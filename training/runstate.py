@@ -69,6 +69,13 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def autocast_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The autocast dtype a config names; ``auto`` is bfloat16 on CUDA and float32 (no autocast) on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

@@ -53,6 +53,7 @@ from training.metrics import (
 from training.model import GPT
 from training.runstate import (
     WarmupCosine,
+    autocast_dtype,
     code_version,
     deterministic_kernels,
     rng_state,
@@ -120,7 +121,7 @@ class Trainer:
             fused=self.device.type == "cuda",
         )
         self.schedule = WarmupCosine(config.optim, config.steps)
-        self.dtype = self._dtype()
+        self.dtype = autocast_dtype(config.dtype, self.device)
         self.autocast = (
             torch.autocast(self.device.type, dtype=self.dtype)
             if self.dtype != torch.float32
@@ -185,11 +186,6 @@ class Trainer:
     def say(self, message: str) -> None:
         if self.dist.is_main:
             print(f"[train {self.cfg.run}] {message}", flush=True)
-
-    def _dtype(self) -> torch.dtype:
-        if self.cfg.dtype == "auto":
-            return torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        return getattr(torch, self.cfg.dtype)
 
     def _parallelize(self, model: GPT) -> torch.nn.Module:
         """FSDP2 shards ``model`` in place (blocks, then the root); DDP and compile wrap it.
@@ -425,7 +421,7 @@ class Trainer:
             )
         global_tokens = self.cfg.global_batch * self.dataset.seq_len
         steps_in_process = 0
-        last_end = time.perf_counter()
+        last_end, last_cpu = time.perf_counter(), time.process_time()
         while self.step < self.cfg.steps:
             batch = self.loader.next_batch()
             data_wait = self.loader.wait_seconds
@@ -434,7 +430,7 @@ class Trainer:
             if verdict is not None and not verdict.ok:
                 self.optimizer.zero_grad(set_to_none=True)
                 self._rollback(batch, verdict.reason, loss)
-                last_end = time.perf_counter()
+                last_end, last_cpu = time.perf_counter(), time.process_time()
                 continue
             lr = self.schedule.lr(self.step)
             for group in self.optimizer.param_groups:
@@ -477,9 +473,12 @@ class Trainer:
                 record["ckpt_stall_ms"] = 1000 * self.save_checkpoint()
             now = time.perf_counter()
             step_seconds, last_end = now - last_end, now
+            cpu_now = time.process_time()
+            cpu_seconds, last_cpu = cpu_now - last_cpu, cpu_now
             flops = self.flops_per_token * global_tokens / step_seconds
             record.update(
                 step_ms=1000 * step_seconds,
+                cpu_ms=1000 * cpu_seconds,
                 data_wait_ms=1000 * data_wait,
                 data_wait_share=data_wait / step_seconds,
                 tokens_per_s=global_tokens / step_seconds,
