@@ -20,7 +20,8 @@ from versioning.local import LocalRepo, objects
 
 
 def crash_worker(root: str, seed: int) -> None:
-    """Write forever (until killed), announcing 'ready' once the repository is open."""
+    """Write forever (until killed): prints 'ready' once the repository is open, then the
+    number of each operation it completes."""
     # Small chunks, so that kills land between the chunks of multi-chunk writes too.
     objects.CHUNK_BYTES = 64 << 10
     objects.SMALL_BYTES = 16 << 10
@@ -37,6 +38,7 @@ def crash_worker(root: str, seed: int) -> None:
             _random_operation(repo, rng, scratch, f"{seed}-{step}")
         except (Conflict, NoChanges):
             pass  # a legitimate refusal (e.g. nothing to merge); the loop goes on
+        print(step, flush=True)  # progress, so the test knows the kills hit real work
 
 
 def _random_operation(repo: DataRepo, rng: random.Random, scratch: Path, step: str) -> None:
