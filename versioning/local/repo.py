@@ -265,7 +265,7 @@ class LocalRepo:
             self._require_clean(conn, destination, "merging into it")
             base_id = graph.merge_base(conn, ours.id, theirs.id)
             base_tree = self._commit(conn, base_id).tree if base_id else trees.EMPTY_TREE
-            changes, conflicts = _three_way(conn, base_tree, ours.tree, theirs.tree)
+            changes, conflicts = trees.three_way(conn, base_tree, ours.tree, theirs.tree)
             if conflicts:
                 raise MergeConflict(source, destination, conflicts)
             if changes is None:
@@ -302,7 +302,7 @@ class LocalRepo:
                     f"parent_number {parent_number} does not name one"
                 )
             parent = self._commit(conn, reverted.parents[parent_number - 1])
-            changes, conflicts = _three_way(conn, reverted.tree, head.tree, parent.tree)
+            changes, conflicts = trees.three_way(conn, reverted.tree, head.tree, parent.tree)
             if conflicts:
                 shown = ", ".join(conflicts[:20])
                 raise Conflict(
@@ -474,26 +474,6 @@ def _new_commit(
     row = graph.CommitRow(cid, tree, parents, message, metadata, created, generation)
     graph.insert(conn, row)
     return row
-
-
-def _three_way(
-    conn: sqlite3.Connection, base: str, ours: str, theirs: str
-) -> tuple[dict[str, trees.FileEntry | None] | None, list[str]]:
-    """Changes to apply to ``ours`` to bring in ``theirs``' changes since ``base``, and the
-    paths both sides changed differently. None when ``theirs`` changed nothing."""
-    their_changes = trees.diff(conn, base, theirs)
-    if not their_changes:
-        return None, []
-    our_changes = trees.diff(conn, base, ours)
-    changes: dict[str, trees.FileEntry | None] = {}
-    conflicts: list[str] = []
-    for path, (_, theirs_entry) in their_changes.items():
-        if path in our_changes:
-            if not trees.same_content(our_changes[path][1], theirs_entry):
-                conflicts.append(path)
-            continue  # the same change is already on our side
-        changes[path] = theirs_entry
-    return changes, sorted(conflicts)
 
 
 def _name_from_directory(root: Path) -> str:

@@ -170,3 +170,23 @@ def _rows(conn: sqlite3.Connection, tree: str) -> list[Row]:
     return conn.execute(
         "SELECT name, is_dir, target, size, mtime FROM tree_entries WHERE tree=?", (tree,)
     ).fetchall()
+
+
+def three_way(
+    conn: sqlite3.Connection, base: str, ours: str, theirs: str
+) -> tuple[dict[str, FileEntry | None] | None, list[str]]:
+    """Changes to apply to ``ours`` to bring in ``theirs``' changes since ``base``, and the
+    paths both sides changed differently. None when ``theirs`` changed nothing."""
+    their_changes = diff(conn, base, theirs)
+    if not their_changes:
+        return None, []
+    our_changes = diff(conn, base, ours)
+    changes: dict[str, FileEntry | None] = {}
+    conflicts: list[str] = []
+    for path, (_, theirs_entry) in their_changes.items():
+        if path in our_changes:
+            if not same_content(our_changes[path][1], theirs_entry):
+                conflicts.append(path)
+            continue  # the same change is already on our side
+        changes[path] = theirs_entry
+    return changes, sorted(conflicts)
