@@ -129,6 +129,8 @@ def run_ingest(
                 outcome.raise_if_failed(STAGE)
             shutil.rmtree(docs_dir, ignore_errors=True)
     report.seconds = clock.seconds
+    # lineage shows a checkpoint's source sections from here
+    report.extra["sources"] = [s.model_dump(mode="json") for s in config.sources]
     metadata = outcome.metadata() if outcome else {"gate": "disabled"}
     commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id, metadata)
     return StageResult(stage=STAGE, commit_id=commit_id, report=report.to_dict())
