@@ -84,7 +84,7 @@ def main() -> int:
         )  # fmt: skip
         tokens = args.global_batch * args.seq_len
         bare = bare_loop(config, home, commit, "bare", device)[args.warmup :]
-        bare_rate = tokens * len(bare) / sum(bare)
+        bare_rate = tokens * len(bare) / sum(wall for wall, _ in bare)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         records = full_loop(config)[args.warmup :]

@@ -16,6 +16,7 @@ refuses a checkpoint whose digests, sizes or ``COMPLETE`` do not match.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -258,15 +259,19 @@ class CheckpointManager:
         tensors: dict[str, Any],
         meta: dict[str, Any],
         before_complete: Callable[[], None] | None = None,
+        copied: bool = False,
     ) -> float:
-        """Save a checkpoint; returns the seconds the caller was blocked (the checkpoint stall)."""
+        """Save a checkpoint; returns the seconds the caller was blocked (the checkpoint stall).
+
+        ``copied`` says no tensor in ``tensors`` is still used by training (state dicts already
+        offloaded from a GPU), so an asynchronous save need not copy them again."""
         started = time.perf_counter()
         self.wait()
-        meta = {**meta, "milestone": self.is_milestone(step)}
+        meta = copy.deepcopy({**meta, "milestone": self.is_milestone(step)})  # training goes on changing it
         if not self.async_save:
             self._write(step, tensors, meta, before_complete)
             return time.perf_counter() - started
-        staged = _cpu_copy(tensors)
+        staged = tensors if copied else _cpu_copy(tensors)
         self._thread = threading.Thread(
             target=self._write_in_background,
             args=(step, staged, meta, before_complete),

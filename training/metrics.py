@@ -78,18 +78,19 @@ class MetricsLog:
             self._show(record)
         elif record.get("kind") in ("eval", "rollback", "resume"):
             text = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("kind", "time"))
-            self._bar.write(f"{record['kind']}: {text}") if self._progress else print(
-                f"{record['kind']}: {text}", flush=True
-            )
+            if self._progress:
+                self._bar.write(f"{record['kind']}: {text}")
+            else:
+                print(f"{record['kind']}: {text}", flush=True)
 
     def _show(self, record: dict[str, Any]) -> None:
         step = record["step"]
         if self._progress:
-            self._bar.n = step
+            self._bar.n = step  # replays after a resume or a rollback move it back
             self._bar.set_postfix(
                 loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False
             )
-            self._bar.refresh()
+            self._bar.update(0)  # redraws at most every mininterval
         elif step % self._print_every == 0 or step == self._bar.total:
             print(
                 f"step {step}/{self._bar.total} loss {record['loss']:.4f} "

@@ -105,7 +105,6 @@ class Trainer:
             fetch=dist.local_rank == 0,
             barrier=dist.barrier,
         )
-        self.repo_spec = repo_spec
         manifest = self.dataset.manifest
 
         # model, optimizer and their companions
@@ -250,7 +249,11 @@ class Trainer:
             return 0.0
         step = self.step
         return self.checkpoints.save(
-            step, tensors, meta, before_complete=lambda: self.faults.kill_point("save", step)
+            step,
+            tensors,
+            meta,
+            before_complete=lambda: self.faults.kill_point("save", step),
+            copied=self.device.type == "cuda",  # offloading from the GPU made fresh CPU copies
         )
 
     def _record_checkpoint(self, info: CheckpointInfo) -> None:
