@@ -196,13 +196,17 @@ def validate_path(path: str) -> str:
         raise InvalidPath("object path must be a non-empty string")
     if "\x00" in path:
         raise InvalidPath(f"object path {path!r} contains a NUL byte")
+    try:
+        encoded = path.encode()
+    except UnicodeEncodeError:
+        raise InvalidPath(f"object path {path!r} is not valid Unicode (a lone surrogate)") from None
     if path.startswith("/") or path.startswith("\\") or re.match(r"^[A-Za-z]:", path):
         raise InvalidPath(f"object path {path!r} is absolute; use a path relative to the repository root")
     parts = path.split("/")
     for part in parts:
         if part in ("", ".", ".."):
             raise InvalidPath(f"object path {path!r} has an empty, '.' or '..' segment")
-    if len(path.encode()) > 1024:
+    if len(encoded) > 1024:
         raise InvalidPath(f"object path {path[:40]!r}... is longer than 1024 bytes")
     return path
 

@@ -1,6 +1,6 @@
 """Crash safety of the local adapter: SIGKILL a writer at random points, then check.
 
-A worker process (tests/versioning/test_crash_workers.py) puts bytes, paths and streams
+A worker process (tests/versioning/crash_workers.py) puts bytes, paths and streams
 (small and multi-chunk), commits, merges, tags, deletes and resets in a seeded random
 loop until it is killed. After every kill the repository must open, every branch and
 tag must point at a complete commit whose objects all exist with the right sha256,
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.versioning.test_crash_workers import ConsistencyCheck
+from tests.versioning.crash_workers import ConsistencyCheck
 from versioning.local import LocalRepo
 
 TRIALS = 24
 SEED = 20240611
-WORKERS = "tests.versioning.test_crash_workers"
+WORKERS = "tests.versioning.crash_workers"
 
 
 @pytest.mark.slow

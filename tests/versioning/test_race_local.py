@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.versioning.test_crash_workers import ConsistencyCheck
+from tests.versioning.crash_workers import ConsistencyCheck
 from versioning.local import LocalRepo
 
-WORKERS = "tests.versioning.test_crash_workers"
+WORKERS = "tests.versioning.crash_workers"
 
 
 def race(root: Path, cwd: Path, jobs: list[tuple[str, str, int]]) -> list[object]:
