@@ -8,19 +8,18 @@ stage with :class:`~formats.mix.MixSpecError` (one sentence) before anything is 
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.context import TaskRunContext
-from prefect.logging import get_run_logger
 
 from formats.mix import MixPlan, MixSpec, resolve_mix
 from formats.shards import Manifest
 from tasks.io import StageReport, StageResult, commit_stage, config_hash
-from versioning import DataRepo, NotFound, TransientError, open_repo
+from tasks.runtime import STAGE_RETRIES, stage_logger
+from versioning import DataRepo, NotFound, open_repo
 
 STAGE = "mix"
 MANIFEST_PATH = "shards/manifest.json"
@@ -71,24 +70,13 @@ def source_rows(plan: MixPlan) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry only storage hiccups, never an invalid spec."""
-    try:
-        state.result()
-    except (TransientError, ConnectionError, TimeoutError):
-        return True
-    except Exception:
-        return False
-    return False
-
-
-@task(name="mix", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=_retry_transient)
+@task(name="mix", **STAGE_RETRIES)
 def mix_task(
     repo_spec: str, branch: str, config: MixSpec, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:
     """``mix.json`` resolved from ``config`` and the manifest at ``input_commit``, committed on ``branch``."""
     in_run = TaskRunContext.get() is not None
-    logger = get_run_logger() if in_run else logging.getLogger(__name__)
+    logger = stage_logger(__name__)
     result = run_mix_stage(open_repo(repo_spec), branch, config, input_commit, flow_run_id)
     extra = result.report["extra"]
     logger.info(

@@ -6,41 +6,25 @@ logging, and a table artifact of documents in / kept / rejected by reason per so
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.context import TaskRunContext
-from prefect.logging import get_run_logger
 
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.stage import run_dedup_stage
 from tasks.io import StageResult
-from versioning import TransientError, open_repo
+from tasks.runtime import STAGE_RETRIES, stage_logger
+from versioning import open_repo
 
 
-def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry only what may succeed next time: storage hiccups, not bad input."""
-    try:
-        state.result()
-    except (TransientError, ConnectionError, TimeoutError):
-        return True
-    except Exception:
-        return False
-    return False
-
-
-def _logger() -> logging.Logger | logging.LoggerAdapter:
-    return get_run_logger() if TaskRunContext.get() else logging.getLogger(__name__)
-
-
-@task(name="dedup", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=_retry_transient)
+@task(name="dedup", **STAGE_RETRIES)
 def dedup_task(
     repo_spec: str, branch: str, config: DedupConfig, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:
     """Exact and near-duplicate removal (or soft weights) of ``filtered/`` at ``input_commit``."""
-    logger = _logger()
+    logger = stage_logger(__name__)
     logger.info("dedup: input commit %s, branch %s, config %s", input_commit, branch, config.model_dump())
     result = run_dedup_stage(open_repo(repo_spec), branch, config, input_commit, flow_run_id)
     report, extra = result.report, result.report["extra"]

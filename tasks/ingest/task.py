@@ -6,33 +6,17 @@ failed gate), logging, and a table artifact of documents in / kept / rejected by
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.context import TaskRunContext
-from prefect.logging import get_run_logger
 
 from tasks.ingest.config import IngestConfig
 from tasks.ingest.stage import run_ingest
 from tasks.io import StageResult
-from versioning import TransientError, open_repo
-
-
-def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry only what may succeed next time: storage hiccups, not bad input or a failed gate."""
-    try:
-        state.result()
-    except (TransientError, ConnectionError, TimeoutError):
-        return True
-    except Exception:
-        return False
-    return False
-
-
-def logger() -> logging.Logger | logging.LoggerAdapter:
-    return get_run_logger() if TaskRunContext.get() else logging.getLogger(__name__)
+from tasks.runtime import STAGE_RETRIES, stage_logger
+from versioning import open_repo
 
 
 def stage_table(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -59,12 +43,12 @@ def stage_table(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-@task(name="ingest", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=retry_transient)
+@task(name="ingest", **STAGE_RETRIES)
 def ingest_task(
     repo_spec: str, branch: str, config: IngestConfig, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:
     """Every configured source into ``raw/`` and ``quarantine/ingest/`` on ``branch``, one commit."""
-    log = logger()
+    log = stage_logger(__name__)
     log.info("ingest: %d source(s) onto branch %s from %s", len(config.sources), branch, input_commit)
     result = run_ingest(open_repo(repo_spec), branch, config, input_commit, flow_run_id)
     report = result.report

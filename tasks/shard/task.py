@@ -7,35 +7,25 @@ gate), logging, a progress artifact while it packs, and a table artifact of the 
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
-from prefect.logging import get_run_logger
 
 from tasks.io import StageResult
+from tasks.runtime import STAGE_RETRIES, stage_logger
 from tasks.shard.config import ShardConfig
 from tasks.shard.stage import run_shard_stage
-from versioning import TransientError, open_repo
+from versioning import open_repo
 
 
-def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry only what may succeed next time: storage hiccups, not bad input or a failed gate."""
-    return isinstance(state.data, TransientError | ConnectionError | TimeoutError)
-
-
-def _logger() -> logging.Logger | logging.LoggerAdapter:
-    return get_run_logger() if TaskRunContext.get() else logging.getLogger(__name__)
-
-
-@task(name="shard", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=_retry_transient)
+@task(name="shard", **STAGE_RETRIES)
 def shard_task(
     repo_spec: str, branch: str, config: ShardConfig, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:
     """Tokenizer + shards of ``dedup/`` at ``input_commit``, committed on ``branch``."""
-    logger = _logger()
+    logger = stage_logger(__name__)
     in_run = TaskRunContext.get() is not None
     progress_id = create_progress_artifact(0.0, description="shard: Parquet parts packed") if in_run else None
     reported = [0]

@@ -10,19 +10,20 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.context import TaskRunContext
 
-from tasks.ingest.task import logger, retry_transient, stage_table
+from tasks.ingest.task import stage_table
 from tasks.io import StageResult
+from tasks.runtime import STAGE_RETRIES, stage_logger
 from tasks.validate.config import ValidateConfig
 from tasks.validate.stage import run_validate
 from versioning import open_repo
 
 
-@task(name="validate", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=retry_transient)
+@task(name="validate", **STAGE_RETRIES)
 def validate_task(
     repo_spec: str, branch: str, config: ValidateConfig, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:
     """``raw/`` at ``input_commit`` through the quality filters into ``filtered/`` on ``branch``, one commit."""
-    log = logger()
+    log = stage_logger(__name__)
     log.info("validate: raw/ at %s onto branch %s", input_commit, branch)
     result = run_validate(open_repo(repo_spec), branch, config, input_commit, flow_run_id)
     report = result.report
