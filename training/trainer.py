@@ -371,11 +371,9 @@ class Trainer:
                 for micro in rows.view(self.accumulation, self.cfg.micro_batch, -1):
                     with self.autocast:
                         _, loss = self.model(micro[:, :-1], micro[:, 1:])
-                    totals += torch.stack(
-                        [
-                            loss.double() * micro[:, 1:].numel(),
-                            torch.tensor(micro[:, 1:].numel(), dtype=torch.float64, device=self.device),
-                        ]
+                    tokens = micro[:, 1:].numel()
+                    totals += torch.tensor(
+                        [loss.item() * tokens, tokens], dtype=torch.float64, device=self.device
                     )
         self.model.train()
         totals = self.dist.sum(totals)
