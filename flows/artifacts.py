@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -64,9 +64,8 @@ class RunProgress:
         )
 
     def started(self, stage: str) -> None:
-        index = self.stages.index(stage) + 1
-        _notify(StageEvent(stage, index, len(self.stages)))
-        self._update(index - 1, f"curate: {stage} running ({index} of {len(self.stages)})")
+        """Listeners only: the artifact moves when a stage ends (each update is an API call)."""
+        _notify(StageEvent(stage, self.stages.index(stage) + 1, len(self.stages)))
 
     def finished(self, result: StageResult, reused: bool) -> None:
         index = self.stages.index(result.stage) + 1
@@ -105,7 +104,7 @@ def stages_table(done: list[tuple[StageResult, bool]]) -> None:
 
 @dataclass(frozen=True)
 class SummaryLinks:
-    data_docs: str | None = None  # Great Expectations Data Docs of the validate stage
+    data_docs: dict[str, str] = field(default_factory=dict)  # stage -> Great Expectations Data Docs
     lakefs_ui: str | None = None  # lakeFS UI base URL (lakeFS repositories only)
     repository: str = ""
 
@@ -119,8 +118,8 @@ def summary_markdown(
         lines += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
         lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
     lines += ["", f"Dataset version: tag `{published.tag}`, commit `{published.commit_id}`."]
-    if links.data_docs:
-        lines.append(f"Great Expectations Data Docs: {links.data_docs}")
+    for stage, url in links.data_docs.items():
+        lines.append(f"Great Expectations Data Docs of {stage}: {url}")
     if links.lakefs_ui:
         lines.append(f"lakeFS: {links.lakefs_ui}/repositories/{links.repository}/commits/{published.commit_id}")
     return "\n".join(lines) + "\n"

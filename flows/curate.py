@@ -29,7 +29,7 @@ from tasks.io import StageResult, config_hash
 from tasks.mix import mix_task
 from tasks.shard.task import shard_task
 from tasks.validate.task import validate_task
-from versioning import NotFound, open_repo
+from versioning import NotFound, data_home, open_repo
 
 
 class GateFailed(RuntimeError):
@@ -53,7 +53,7 @@ def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
         version = publish_task(run.repo_spec, mixed.commit_id, run.links, run.flow_run_id, config_hash(params.gates))
     close_branch(run.repo_spec, run.branch)
     stages_table(run.done)
-    print(summary(version, run.branch, run.done, summary_links(run, params)))
+    print(summary(version, run.branch, run.done, summary_links(run.repo_spec, version.tag, params.repository.lakefs_ui)))
     return version
 
 
@@ -161,10 +161,19 @@ def publish_task(
     return version
 
 
-def summary_links(run: RunChain, params: CurateParams) -> SummaryLinks:
-    validated = run.results.get("validate")
-    data_docs = (validated.report.get("extra") or {}).get("data_docs") if validated else None
-    if not run.repo_spec.startswith("lakefs://"):
-        return SummaryLinks(data_docs=data_docs, repository=run.repo_spec)
-    endpoint = params.repository.lakefs_ui or getattr(open_repo(run.repo_spec, create=False), "endpoint", None)
-    return SummaryLinks(data_docs=data_docs, lakefs_ui=endpoint, repository=run.repo_spec.removeprefix("lakefs://"))
+@task(name="summary-links", cache_policy=NO_CACHE, **IO_RETRIES)
+def summary_links(repo_spec: str, tag: str, lakefs_ui: str | None) -> SummaryLinks:
+    """Where to look: each stage's Data Docs (lakeFS UI pages, or local copies) and the lakeFS UI."""
+    repo = open_repo(repo_spec, create=False)
+    stages = sorted({o.path.split("/")[2] for o in repo.list(tag, "reports/data_docs/") if o.path.endswith("/index.html")})
+    if repo_spec.startswith("lakefs://"):
+        ui = lakefs_ui or getattr(repo, "endpoint", "")
+        name = repo_spec.removeprefix("lakefs://").strip("/")
+        docs = {s: f"{ui}/repositories/{name}/object?ref={tag}&path=reports/data_docs/{s}/index.html" for s in stages}
+        return SummaryLinks(data_docs=docs, lakefs_ui=ui, repository=name)
+    target = data_home() / "data-docs" / tag  # browsers open local files, not repository objects
+    for stat in repo.list(tag, "reports/data_docs/"):
+        path = target / stat.path.removeprefix("reports/data_docs/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(repo.get(tag, stat.path))
+    return SummaryLinks(data_docs={s: (target / s / "index.html").as_uri() for s in stages}, repository=repo_spec)

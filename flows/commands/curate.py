@@ -92,9 +92,17 @@ def curate_and_report(params: Any, as_json: bool, flow: Any = None) -> Any:
     if as_json:
         print(json.dumps({**asdict(version), "stages": rows}, indent=2))
     else:
-        print(format_table(rows))
+        print(format_table([_compact(row) for row in rows]))
         print(f"\n{version}")
     return version
+
+
+def _compact(row: dict[str, Any]) -> dict[str, Any]:
+    """A console row: short commit id, the three most frequent quarantine reasons."""
+    reasons = [r for r in row["quarantined by reason"].split(", ") if r != "-"]
+    reasons.sort(key=lambda r: -int(r.rsplit(": ", 1)[1]))
+    shown = ", ".join(reasons[:3]) + (f", +{len(reasons) - 3} more" if len(reasons) > 3 else "")
+    return row | {"quarantined by reason": shown or "-", "commit": row["commit"][:12]}
 
 
 def _stage_row(event: Any) -> dict[str, Any]:
