@@ -45,20 +45,10 @@ from flows.caching import (
 from flows.params import CurateParams
 from flows.wap import ChainLink, PublishRecord, published_record, run_branch
 from tasks.io import StageResult
-from versioning import TransientError, data_home, open_repo
+from tasks.runtime import retry_transient
+from versioning import data_home, open_repo
 
 STAGES = ["ingest", "validate", "dedup", "shard", "mix"]
-
-
-def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry storage hiccups only, never bad input, a misconfiguration or a failed gate."""
-    try:
-        state.result()
-    except (TransientError, ConnectionError, TimeoutError):
-        return True
-    except BaseException:
-        return False
-    return False
 
 
 IO_RETRIES: dict[str, Any] = {

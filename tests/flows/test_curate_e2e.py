@@ -35,6 +35,7 @@ def _artifact_keys(flow_run_id) -> set[str]:
 def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
     corpus = write_corpus(tmp_path / "sources")
+    (corpus["prose"] / "note.txt").write_text("Too short to be an essay: the validate stage quarantines it.\n")
     repo = LocalRepo(tmp_path / "repo")
     params = params_for(corpus, str(repo.root), tmp_path / "results")
 
@@ -59,8 +60,10 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
     assert [link.stage for link in record.chain] == STAGES and record.run_head == commits["mix"]["id"]
     ids = column(repo, first.tag, "dedup/", "id")
     assert len(ids) == len(set(ids)) > 0
-    reasons = set(column(repo, first.tag, "quarantine/", "reason"))
-    assert reasons, "the planted empty, binary and duplicate files are quarantined, not dropped"
+    reasons = {stage: set(column(repo, first.tag, f"quarantine/{stage}/", "reason")) for stage in STAGES[:3]}
+    assert reasons["ingest"] and reasons["validate"] and reasons["dedup"], (
+        f"the planted empty, binary, too short and duplicate files are quarantined, not dropped: {reasons}"
+    )
     assert {"curate-stages", "curate-summary", "curate-progress"} <= _artifact_keys(state.state_details.flow_run_id)
 
     # 2. re-run with no change: every stage reused, main unchanged, the same version returned
