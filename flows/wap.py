@@ -76,7 +76,6 @@ class PublishRecord:
     run_head: str
     flow_run_id: str
     chain: tuple[ChainLink, ...]
-    created: float
 
     @classmethod
     def from_commit(cls, commit: Commit) -> PublishRecord | None:
@@ -84,8 +83,7 @@ class PublishRecord:
         if meta.get("stage") != PUBLISH_STAGE or "chain" not in meta:
             return None
         chain = tuple(ChainLink(**link) for link in json.loads(meta["chain"]))
-        return cls(commit.id, meta.get("tag", ""), meta.get("input_commit", ""), meta.get("flow_run_id", ""),
-                   chain, commit.created)
+        return cls(commit.id, meta.get("tag", ""), meta.get("input_commit", ""), meta.get("flow_run_id", ""), chain)
 
     def link(self, stage: str) -> ChainLink | None:
         return next((link for link in self.chain if link.stage == stage), None)

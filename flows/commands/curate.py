@@ -122,6 +122,7 @@ def console_progress(events: list[Any], enabled: bool = True) -> Iterator[None]:
 
         def on_event(event: Any) -> None:
             events.append(event)
+            bar.total = event.total
             if event.result is None:
                 bar.set_description(f"curate: {event.stage}")
             else:

@@ -13,14 +13,17 @@ from typing import Any
 
 from flows.commands.curate import curate_and_report, prefect_environment
 
-WHERE_TO_LOOK = """
-Where to look:
-  tokenlake datasets                   published versions: tag, commit, documents and tokens per source
-  tokenlake shards verify {tag}   re-read and check every shard of this version
-  repository                           {repo}
-  Prefect UI                           PREFECT_HOME={prefect_home} prefect server start, then http://127.0.0.1:4200
-                                       (flow runs, the per-stage tables, the run summary)
-"""
+
+def where_to_look(tag: str, repo: str, prefect_home: str) -> str:
+    rows = [
+        ("tokenlake datasets", "published versions: tag, commit, documents and tokens per source"),
+        (f"tokenlake shards verify {tag}", "re-read and check every shard of this version"),
+        ("repository", repo),
+        ("Prefect UI", f"PREFECT_HOME={prefect_home} prefect server start, then http://127.0.0.1:4200"),
+        ("", "(the flow runs, each stage's table, the run summary with Data Docs links)"),
+    ]
+    width = max(len(left) for left, _ in rows) + 3
+    return "\nWhere to look:\n" + "\n".join(f"  {left.ljust(width)}{right}" for left, right in rows)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,12 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "embedded defaults: a local repository and an ephemeral Prefect API.",
     )
     run.add_argument("--json", action="store_true", help="print the result as JSON")
-    run.add_argument("--code-mb", type=float, default=3.0, help="standard-library code to sample (default 3 MB)")
-    run.add_argument("--prose-mb", type=float, default=3.0, help="package docs and licenses (default 3 MB)")
+    run.add_argument("--code-mb", type=float, default=6.0, help="standard-library code to sample (default 6 MB)")
+    run.add_argument("--prose-mb", type=float, default=4.0, help="package docs and licenses (default 4 MB)")
     run.set_defaults(handler=run_demo)
 
 
-def demo_params(repo: str | None, code_mb: float = 3.0, prose_mb: float = 3.0) -> Any:
+def demo_params(repo: str | None, code_mb: float = 6.0, prose_mb: float = 4.0) -> Any:
     from flows.demo_sources import MB, DemoBudget, demo_sources
     from flows.params import CurateParams, GateConfig, RepositoryConfig
     from tasks.ingest.config import IngestConfig
@@ -63,5 +66,5 @@ def run_demo(args: argparse.Namespace) -> int:
     version = curate_and_report(params, as_json=args.json)
     if not args.json:
         spec = repository_spec(params.repository.spec)
-        print(WHERE_TO_LOOK.format(tag=version.tag, repo=spec, prefect_home=os.environ["PREFECT_HOME"]))
+        print(where_to_look(version.tag, spec, os.environ["PREFECT_HOME"]))
     return 0
