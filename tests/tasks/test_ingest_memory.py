@@ -8,7 +8,6 @@ measures a 2 GiB file (see docs/ingest_validate.md for the figures).
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,18 @@ def write_jsonl(path: Path, size_bytes: int) -> int:
     return lines
 
 
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes.
+
+    ``VmHWM`` rather than ``ru_maxrss``: Linux carries ``ru_maxrss`` over from the parent
+    across fork and exec, so a child of a big pytest process would report the parent's peak.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def measure(jsonl: Path, repo_dir: Path) -> dict[str, int]:
     """Ingest ``jsonl`` into a fresh LocalRepo in this process; peak RSS before and after, in bytes."""
     from tasks.ingest import IngestConfig, SourceConfig, run_ingest
@@ -55,9 +66,9 @@ def measure(jsonl: Path, repo_dir: Path) -> dict[str, int]:
     repo = open_repo(str(repo_dir))
     source = SourceConfig(name="big", kind="prose", format="jsonl", path=str(jsonl))
     config = IngestConfig(sources=[source], gate={"enabled": False})
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    before = peak_rss()
     result = run_ingest(repo, "main", config, repo.resolve("main"))
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    after = peak_rss()
     return {"peak_before": before, "peak_after": after, "kept": result.report["kept"]}
 
 
