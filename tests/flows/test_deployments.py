@@ -18,6 +18,7 @@ from uuid import UUID
 
 import pytest
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
@@ -32,11 +33,12 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 PREFECT_YAML = Path(__file__).resolve().parents[2] / "deploy" / "prefect.yaml"
 
 
-def test_prefect_yaml_declares_curate_nightly_and_janitor_with_schedules():
-    deployments, _skipped = load_deployments(PREFECT_YAML)
+def test_prefect_yaml_declares_curate_nightly_janitor_and_train():
+    deployments, skipped = load_deployments(PREFECT_YAML)
     by_name = {d.name: d for d in deployments}
-    assert {"curate-nightly", "janitor-hourly"} <= set(by_name)
+    assert set(by_name) == {"curate-nightly", "janitor-hourly", "train"} and not skipped
     assert by_name["curate-nightly"].schedules and by_name["janitor-hourly"].schedules
+    assert not by_name["train"].schedules, "training runs when asked, not on a clock"
     assert by_name["curate-nightly"].entrypoint == "flows.curate.curate"
 
 
@@ -67,6 +69,7 @@ def served(tmp_path):
 
 
 def _deployment_id(name: str, process: subprocess.Popen, log: Path) -> UUID:
+    """The deployment once `serve` has registered it (its runner then polls for its runs)."""
     with get_client(sync_client=True) as client:
         while process.poll() is None:
             try:
@@ -133,3 +136,21 @@ def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_sta
     )
     assert retried["shard"] == retried["mix"] == "Completed"
     assert len([t for t in repo.list_tags() if t.startswith("ds-")]) == 2
+
+
+def test_prefect_deploy_registers_them_with_a_work_pool(tmp_path):
+    """The other route: `prefect deploy --all` with a process work pool and a worker."""
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="tokenlake", type="process"))
+    env = os.environ | {"PREFECT_API_URL": PREFECT_API_URL.value(), "TOKENLAKE_ROOT": str(PREFECT_YAML.parents[1])}
+    deploy = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_YAML)],
+        env=env, cwd=PREFECT_YAML.parents[1], capture_output=True, text=True,
+    )
+    assert deploy.returncode == 0, deploy.stdout[-2000:] + deploy.stderr[-2000:]
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("curate/curate-nightly")
+        janitor = client.read_deployment_by_name("janitor/janitor-hourly")
+        client.read_deployment_by_name("train/train")
+    assert nightly.work_pool_name == "tokenlake" and nightly.schedules[0].schedule.cron == "0 2 * * *"
+    assert janitor.schedules[0].schedule.cron == "17 * * * *"
