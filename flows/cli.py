@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
+from pathlib import Path
 
 # Each module registers its sub-commands; the order is the order of ``--help``.
 COMMAND_MODULES = [
@@ -15,6 +18,22 @@ COMMAND_MODULES = [
     "flows.commands.shards",
     "flows.commands.lineage",
 ]
+
+
+def prefect_environment() -> None:
+    """Telemetry off and Prefect's state in the project, unless the user chose otherwise.
+
+    Set before any command imports Prefect, which reads its settings at import time.
+    """
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_HOME", str(Path(__file__).resolve().parents[1] / ".prefect"))
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the console shows progress instead
+    # The ephemeral API's first start migrates its database: slow on a small, busy machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # GX announces every ephemeral docs site at INFO; the stage tables already say what ran
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prefect_environment()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -121,11 +121,12 @@ def run_torchrun(config: TrainConfig, nproc: int) -> int:
     ) as proc:
         for line in proc.stdout:
             line = line.rstrip()
-            if line:
-                logger.info(line)
             if match := _STEP_LINE.match(line):
+                print(line)  # progress on the console; the flow's log_prints puts it in the run's log
                 done, total = int(match.group(1)), int(match.group(2))
                 update_progress_artifact(progress, 100.0 * done / total, description=f"step {done}/{total}")
+            elif line:
+                logger.info(line)
     if proc.returncode != 0:
         raise TrainingFailed(
             f"torchrun exited with status {proc.returncode} (attempt {attempt}); a retry resumes from the "

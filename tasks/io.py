@@ -224,7 +224,11 @@ def commit_stage(
     report.check_balance()
     put_json(repo, branch, f"reports/{report.stage}.json", report.to_dict())
     meta = stage_metadata(report.stage, stage_config_hash, input_commit, flow_run_id, report) | (metadata or {})
-    return repo.commit(branch, f"{report.stage}: kept {report.kept} of {report.documents_in}", meta).id
+    # allow_empty: a retried stage may rewrite byte-identical outputs, and every stage still
+    # ends in its own commit (the next stage's input, and the stage's cache entry)
+    return repo.commit(
+        branch, f"{report.stage}: kept {report.kept} of {report.documents_in}", meta, allow_empty=True
+    ).id
 
 
 class Stopwatch:

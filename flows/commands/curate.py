@@ -1,7 +1,7 @@
 """Curate commands: ``curate --config FILE``, ``datasets``, ``janitor``, ``serve``.
 
-Prefect is imported inside the handlers, after :func:`prefect_environment` has set the
-project's defaults (telemetry off, state inside the project), because Prefect reads its
+Prefect is imported inside the handlers, after ``flows.cli.prefect_environment`` has set
+the project's defaults (telemetry off, state inside the project), because Prefect reads its
 settings when it is imported.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,17 +18,6 @@ from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PREFECT_YAML = PROJECT_ROOT / "deploy" / "prefect.yaml"
-
-
-def prefect_environment() -> None:
-    """Telemetry off and Prefect's state in the project, unless the user chose otherwise."""
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_HOME", str(PROJECT_ROOT / ".prefect"))
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the console shows progress instead
-    # The ephemeral API's first start migrates its database: slow on a small, busy machine.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -67,7 +55,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_curate(args: argparse.Namespace) -> int:
-    prefect_environment()
     from flows.params import CurateParams
 
     params = CurateParams.from_toml(args.config)
@@ -77,24 +64,35 @@ def run_curate(args: argparse.Namespace) -> int:
     return 0
 
 
-def curate_and_report(params: Any, as_json: bool, flow: Any = None) -> Any:
-    """Run ``flow`` (default: curate) with a console progress bar; print and return what it made."""
-    from flows.chain import repository_spec
+def curate_and_report(params: Any, as_json: bool) -> Any:
+    """Run the curate flow with a console progress bar; print and return the version it made."""
     from flows.curate import curate
+
+    version, rows = run_with_progress(params, curate, as_json)
+    print_version(version, rows, as_json)
+    return version
+
+
+def run_with_progress(params: Any, flow: Any, as_json: bool) -> tuple[Any, list[dict[str, Any]]]:
+    """``flow(params)`` (curate, or a flow that curates first) under a progress bar over the
+    curate stages; returns its result and one row per stage."""
+    from flows.chain import repository_spec
     from flows.params import check_ready
 
     check_ready(params, repository_spec(params.repository.spec))  # a misconfiguration: one sentence, no run
 
     events: list[Any] = []
     with console_progress(events, enabled=not as_json):
-        version = (flow or curate)(params)
-    rows = [_stage_row(e) for e in events if e.result is not None]
+        result = flow(params)
+    return result, [_stage_row(e) for e in events if e.result is not None]
+
+
+def print_version(version: Any, rows: list[dict[str, Any]], as_json: bool, extra: dict[str, Any] | None = None) -> None:
     if as_json:
-        print(json.dumps({**asdict(version), "stages": rows}, indent=2))
+        print(json.dumps({**asdict(version), "stages": rows, **(extra or {})}, indent=2))
     else:
         print(format_table([_compact(row) for row in rows]))
         print(f"\n{version}")
-    return version
 
 
 def _compact(row: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +157,6 @@ def run_datasets(args: argparse.Namespace) -> int:
 
 
 def run_janitor(args: argparse.Namespace) -> int:
-    prefect_environment()
     from flows.janitor import parse_age, sweep
     from versioning import open_repo
 
@@ -174,7 +171,6 @@ def run_janitor(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    prefect_environment()
     from prefect import serve
 
     from flows.deployments import load_deployments

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flows.commands.curate import format_table, prefect_environment
+from flows.commands.curate import format_table
 
 SHORT = 12
 
@@ -145,7 +145,6 @@ def _data_header(data: Any) -> str:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    prefect_environment()
     from flows.chain import repository_spec
     from flows.rollback import RollbackParams, rollback
     from flows.rollback_core import plan_rollback

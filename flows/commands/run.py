@@ -1,4 +1,5 @@
-"""``tokenlake run``: the demo. Curates real sources this machine has into a dataset version.
+"""``tokenlake run``: the demo. Curates real sources this machine has into a dataset version,
+then trains a tiny GPT on the commit it published (:mod:`flows.pipeline`).
 
 No arguments needed on a fresh machine: a local repository under the data home
 (``$TOKENLAKE_HOME``, else ``./.tokenlake``), an ephemeral Prefect API whose history is kept
@@ -11,13 +12,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flows.commands.curate import curate_and_report, prefect_environment
+from flows.commands.curate import print_version, run_with_progress
 
 
 def where_to_look(tag: str, repo: str, prefect_home: str) -> str:
     rows = [
         ("tokenlake datasets", "published versions: tag, commit, documents and tokens per source"),
         (f"tokenlake shards verify {tag}", "re-read and check every shard of this version"),
+        (f"tokenlake lineage {tag}", "the checkpoints trained on this version"),
         ("repository", repo),
         ("Prefect UI", f"PREFECT_HOME={prefect_home} prefect server start, then http://127.0.0.1:4200"),
         ("", "(the flow runs, each stage's table, the run summary with Data Docs links)"),
@@ -29,14 +31,17 @@ def where_to_look(tag: str, repo: str, prefect_home: str) -> str:
 def register(subparsers: argparse._SubParsersAction) -> None:
     run = subparsers.add_parser(
         "run",
-        help="the demo: curate this machine's Python sources and package docs into a dataset version",
+        help="the demo: curate this machine's Python sources and package docs, then train on them",
         description="Curate real sources this machine has (the Python standard library as code, installed "
-        "packages' metadata and license files as prose) into a published dataset version, with "
-        "embedded defaults: a local repository and an ephemeral Prefect API.",
+        "packages' metadata and license files as prose) into a published dataset version, then train a "
+        "tiny GPT on that exact commit, with embedded defaults: a local repository and an ephemeral "
+        "Prefect API.",
     )
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--code-mb", type=float, default=6.0, help="standard-library code to sample (default 6 MB)")
     run.add_argument("--prose-mb", type=float, default=4.0, help="package docs and licenses (default 4 MB)")
+    run.add_argument("--steps", type=int, default=300, help="training steps (default 300; 0: curate only)")
+    run.add_argument("--nproc", type=int, default=1, help="training processes (default 1)")
     run.set_defaults(handler=run_demo)
 
 
@@ -57,14 +62,30 @@ def demo_params(repo: str | None, code_mb: float = 6.0, prose_mb: float = 4.0) -
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    prefect_environment()
     import os
 
     from flows.chain import repository_spec
+    from flows.curate import curate
+    from flows.pipeline import PipelineParams, pipeline
+    from flows.train import TrainParams
+    from training.metrics import summary_table
 
     params = demo_params(args.repo, args.code_mb, args.prose_mb)
-    version = curate_and_report(params, as_json=args.json)
+    spec = repository_spec(params.repository.spec)
+    if args.steps <= 0:
+        version, rows = run_with_progress(params, curate, args.json)
+        print_version(version, rows, args.json)
+        training = None
+    else:
+        train = TrainParams(preset="tiny", steps=args.steps, nproc=args.nproc, repo=spec)
+        result, rows = run_with_progress(params, lambda p: pipeline(PipelineParams(curate=p, train=train)), args.json)
+        version, training = result.published, result.training
+        extra = {"training": training.model_dump(mode="json")}
+        print_version(version, rows, args.json, extra)
     if not args.json:
-        spec = repository_spec(params.repository.spec)
+        if training is not None:
+            print("\n" + summary_table(training.metrics), end="")
+            print(f"trained {training.run} to step {training.step} on data commit {training.data_commit}")
+            print(f"checkpoints, metrics.jsonl and loss.png: {training.run_dir}")
         print(where_to_look(version.tag, spec, os.environ["PREFECT_HOME"]))
     return 0

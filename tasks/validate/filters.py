@@ -52,7 +52,7 @@ class FilterStats:
         return {
             "documents_in": self.documents_in,
             "kept": self.kept,
-            "removed": dict(self.removed),
+            "rejected": dict(self.removed),
             "failed": {rule: self.failed.get(rule, 0) for rule in self.rules},
         }
 

@@ -183,7 +183,7 @@ def test_validate_stage_filters_scores_and_commits(ingested: tuple[str, str, str
     assert report["extra"]["classifier"]["positive_sources"] == ["wiki"]
     web_stats = report["per_source"]["web"]
     # tiny.txt fails the classifier too, but its reason is its first failing rule, word_count
-    assert web_stats["failed"]["quality_classifier"] == web_stats["removed"]["quality_classifier"] + 1
+    assert web_stats["failed"]["quality_classifier"] == web_stats["rejected"]["quality_classifier"] + 1
     assert (
         report["expectations"]["success"] is True
         and report["extra"]["data_docs"] == "reports/data_docs/validate/index.html"
