@@ -42,6 +42,10 @@ def test_prefect_yaml_declares_curate_nightly_janitor_and_train():
     assert by_name["curate-nightly"].entrypoint == "flows.curate.curate"
 
 
+# waits end in a failure that shows the serve log, never in a hung suite
+WAIT_LIMIT_S = 300
+
+
 @pytest.fixture
 def served(tmp_path):
     """`tokenlake serve` in a subprocess, talking to the test's Prefect API."""
@@ -70,33 +74,39 @@ def served(tmp_path):
 
 def _deployment_id(name: str, process: subprocess.Popen, log: Path) -> UUID:
     """The deployment once `serve` has registered it (its runner then polls for its runs)."""
+    give_up = time.monotonic() + WAIT_LIMIT_S
     with get_client(sync_client=True) as client:
-        while process.poll() is None:
+        while process.poll() is None and time.monotonic() < give_up:
             try:
                 return client.read_deployment_by_name(name).id
             except ObjectNotFound:
                 time.sleep(0.5)
-    raise AssertionError(f"tokenlake serve exited ({process.returncode}):\n{log.read_text()}")
+    state = f"exited ({process.returncode})" if process.poll() is not None else f"never registered {name!r}"
+    raise AssertionError(f"tokenlake serve {state}:\n{log.read_text()}")
 
 
 def _final_state(flow_run_id: UUID, not_before_run: int = 1):
+    give_up = time.monotonic() + WAIT_LIMIT_S
     with get_client(sync_client=True) as client:
-        while True:
+        while time.monotonic() < give_up:
             run = client.read_flow_run(flow_run_id)
             if run.state and run.state.is_final() and run.run_count >= not_before_run:
                 return run.state
             time.sleep(0.5)
+    raise AssertionError(f"flow run {flow_run_id} did not finish within {WAIT_LIMIT_S} s")
 
 
 def _task_states(flow_run_id: UUID, attempt: int) -> dict[str, str]:
     """Task name -> state name, for the task runs of one attempt of a flow run."""
+    give_up = time.monotonic() + WAIT_LIMIT_S
     with get_client(sync_client=True) as client:
-        while True:
+        while time.monotonic() < give_up:
             runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
             runs = [r for r in runs if r.flow_run_run_count == attempt]
             if runs and all(r.state and r.state.is_final() for r in runs):
                 return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
             time.sleep(0.5)
+    raise AssertionError(f"task runs of flow run {flow_run_id} did not finish within {WAIT_LIMIT_S} s")
 
 
 def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_stages(served, tmp_path):
