@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from typing import Any
 
 import pyarrow as pa
@@ -23,14 +22,11 @@ from tasks.io import (
     clear_prefix,
     commit_stage,
     config_hash,
-    put_json,
 )
 from tasks.validate.gates import (
     DocumentSample,
     GateCheck,
-    gate_docs_dir,
-    publish_data_docs,
-    run_gate,
+    gate_stage,
     stats_rows,
     stats_table,
 )
@@ -101,33 +97,19 @@ def run_ingest(
 
         outcome = None
         if config.gate.enabled:
-            docs_dir = gate_docs_dir(STAGE)
-            outcome = run_gate(
-                [
-                    GateCheck(
-                        "raw_documents",
-                        sample.table(GATE_SCHEMA),
-                        {
-                            "sources": [s.name for s in config.sources],
-                            "max_text_chars": max(s.max_chars for s in config.sources),
-                        },
-                        ["locator"],
-                    ),
-                    GateCheck("stage_stats", stats_table(stats), {}, ["source", "rule"]),
-                ],
-                docs_dir,
-            )
-            report.expectations = outcome.to_dict() | {
-                "sampled": sample.sampled,
-                "documents_checked": min(sample.total, config.gate.max_rows),
-            }
-            publish_data_docs(repo, branch, STAGE, docs_dir)
-            report.extra["data_docs"] = f"reports/data_docs/{STAGE}/index.html"
-            if not outcome.success:
-                # left on the branch uncommitted, for a person to read; the flow discards the branch
-                put_json(repo, branch, f"reports/{STAGE}.json", report.to_dict())
-                outcome.raise_if_failed(STAGE)
-            shutil.rmtree(docs_dir, ignore_errors=True)
+            checks = [
+                GateCheck(
+                    "raw_documents",
+                    sample.table(GATE_SCHEMA),
+                    {
+                        "sources": [s.name for s in config.sources],
+                        "max_text_chars": max(s.max_chars for s in config.sources),
+                    },
+                    ["locator"],
+                ),
+                GateCheck("stage_stats", stats_table(stats), {}, ["source", "rule"]),
+            ]
+            outcome = gate_stage(repo, branch, report, checks, sample, config.gate.max_rows)
     report.seconds = clock.seconds
     # lineage shows a checkpoint's source sections from here
     report.extra["sources"] = [s.model_dump(mode="json") for s in config.sources]

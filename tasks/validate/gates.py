@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from expectations import load_suite
-from tasks.io import clear_prefix
+from tasks.io import StageReport, clear_prefix, put_json
 from versioning import DataRepo
 
 GATE_TEXT_CHARS = 100  # the frame holds the start of each text; ``text_chars`` its full length
@@ -212,6 +213,33 @@ def publish_data_docs(repo: DataRepo, branch: str, stage: str, docs_dir: Path) -
             repo.put(branch, f"{prefix}/{rel}", str(path))
             paths.append(f"{prefix}/{rel}")
     return paths
+
+
+def gate_stage(
+    repo: DataRepo,
+    branch: str,
+    report: StageReport,
+    checks: list[GateCheck],
+    sample: DocumentSample,
+    max_rows: int,
+) -> GateOutcome:
+    """Run a stage's suites on what it wrote, put Data Docs under ``reports/``, and fail the
+    stage on a failed gate (its report and Data Docs left uncommitted on the branch, for a
+    person to read; the flow discards the branch)."""
+    stage = report.stage
+    docs_dir = gate_docs_dir(stage)
+    outcome = run_gate(checks, docs_dir)
+    report.expectations = outcome.to_dict() | {
+        "sampled": sample.sampled,
+        "documents_checked": min(sample.total, max_rows),
+    }
+    publish_data_docs(repo, branch, stage, docs_dir)
+    report.extra["data_docs"] = f"reports/data_docs/{stage}/index.html"
+    if not outcome.success:
+        put_json(repo, branch, f"reports/{stage}.json", report.to_dict())
+        outcome.raise_if_failed(stage)
+    shutil.rmtree(docs_dir, ignore_errors=True)
+    return outcome
 
 
 def gate_docs_dir(stage: str) -> Path:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from collections import Counter
 from typing import Any
 
@@ -27,7 +26,6 @@ from tasks.io import (
     commit_stage,
     config_hash,
     iter_batches,
-    put_json,
     read_parts,
 )
 from tasks.quality.classifier import load_factory
@@ -39,9 +37,7 @@ from tasks.validate.filters import SIGNAL_FIELDS, STAGE, ClassifierRule, FilterS
 from tasks.validate.gates import (
     DocumentSample,
     GateCheck,
-    gate_docs_dir,
-    publish_data_docs,
-    run_gate,
+    gate_stage,
     stats_rows,
     stats_table,
 )
@@ -199,30 +195,17 @@ def run_validate(
 
         outcome = None
         if config.gate.enabled:
-            docs_dir = gate_docs_dir(STAGE)
             with_documents = [n for n, s in sources.items() if s["kept"]]
-            outcome = run_gate(
-                [
-                    GateCheck(
-                        "filtered_documents",
-                        sample.table(GATE_SCHEMA),
-                        {"sources": with_documents, "max_text_chars": config.gate.max_text_chars},
-                        ["locator"],
-                    ),
-                    GateCheck("stage_stats", stats_table(stats_by_rule), {}, ["source", "rule"]),
-                ],
-                docs_dir,
-            )
-            report.expectations = outcome.to_dict() | {
-                "sampled": sample.sampled,
-                "documents_checked": min(sample.total, config.gate.max_rows),
-            }
-            publish_data_docs(repo, branch, STAGE, docs_dir)
-            report.extra["data_docs"] = f"reports/data_docs/{STAGE}/index.html"
-            if not outcome.success:
-                put_json(repo, branch, f"reports/{STAGE}.json", report.to_dict())
-                outcome.raise_if_failed(STAGE)
-            shutil.rmtree(docs_dir, ignore_errors=True)
+            checks = [
+                GateCheck(
+                    "filtered_documents",
+                    sample.table(GATE_SCHEMA),
+                    {"sources": with_documents, "max_text_chars": config.gate.max_text_chars},
+                    ["locator"],
+                ),
+                GateCheck("stage_stats", stats_table(stats_by_rule), {}, ["source", "rule"]),
+            ]
+            outcome = gate_stage(repo, branch, report, checks, sample, config.gate.max_rows)
     report.seconds = clock.seconds
     metadata = outcome.metadata() if outcome else {"gate": "disabled"}
     metadata["classifier"] = "trained" if scorer is not None else "off"
