@@ -6,16 +6,12 @@ logging, and a table artifact of documents in / kept / rejected by reason per so
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
-from prefect.artifacts import create_table_artifact
-from prefect.context import TaskRunContext
 
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.stage import run_dedup_stage
 from tasks.io import StageResult
-from tasks.runtime import STAGE_RETRIES, stage_logger
+from tasks.runtime import STAGE_RETRIES, stage_logger, stage_table_artifact
 from versioning import open_repo
 
 
@@ -39,34 +35,6 @@ def dedup_task(
         report["seconds"],
         result.commit_id,
     )
-    if TaskRunContext.get() is not None:
-        create_table_artifact(
-            table=stage_table(report),
-            key="dedup-stage",
-            description=f"dedup stage ({extra['mode']}), commit {result.commit_id}",
-        )
+    stage_table_artifact(result, f" ({extra['mode']})")
     return result
 
-
-def stage_table(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per source, plus a total: documents in, kept, rejected by reason, seconds."""
-    reasons = sorted(report["rejected"])
-    rows = [
-        {
-            "source": source,
-            "documents_in": s["documents_in"],
-            "kept": s["kept"],
-            **{f"rejected_{r}": s["rejected"].get(r, 0) for r in reasons},
-        }
-        for source, s in sorted(report["per_source"].items())
-    ]
-    rows.append(
-        {
-            "source": "(all)",
-            "documents_in": report["documents_in"],
-            "kept": report["kept"],
-            **{f"rejected_{r}": report["rejected"][r] for r in reasons},
-            "seconds": report["seconds"],
-        }
-    )
-    return rows

@@ -6,41 +6,13 @@ failed gate), logging, and a table artifact of documents in / kept / rejected by
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
-from prefect.artifacts import create_table_artifact
-from prefect.context import TaskRunContext
 
 from tasks.ingest.config import IngestConfig
 from tasks.ingest.stage import run_ingest
 from tasks.io import StageResult
-from tasks.runtime import STAGE_RETRIES, stage_logger
+from tasks.runtime import STAGE_RETRIES, stage_logger, stage_table_artifact
 from versioning import open_repo
-
-
-def stage_table(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per source and a total: documents in, kept, rejected by reason, seconds."""
-    reasons = sorted(report["rejected"])
-    rows = [
-        {
-            "source": name,
-            "documents_in": s["documents_in"],
-            "kept": s["kept"],
-            **{f"rejected_{r}": s["rejected"].get(r, 0) for r in reasons},
-        }
-        for name, s in sorted(report["per_source"].items())
-    ]
-    rows.append(
-        {
-            "source": "(all)",
-            "documents_in": report["documents_in"],
-            "kept": report["kept"],
-            **{f"rejected_{r}": report["rejected"][r] for r in reasons},
-            "seconds": round(report["seconds"], 2),
-        }
-    )
-    return rows
 
 
 @task(name="ingest", **STAGE_RETRIES)
@@ -61,10 +33,5 @@ def ingest_task(
         report["seconds"],
         result.commit_id,
     )
-    if TaskRunContext.get() is not None:
-        create_table_artifact(
-            table=stage_table(report),
-            key="ingest-stage",
-            description=f"ingest stage, commit {result.commit_id}",
-        )
+    stage_table_artifact(result)
     return result

@@ -7,12 +7,9 @@ failed gate), logging, and a table artifact of documents in / kept / rejected by
 from __future__ import annotations
 
 from prefect import task
-from prefect.artifacts import create_table_artifact
-from prefect.context import TaskRunContext
 
-from tasks.ingest.task import stage_table
 from tasks.io import StageResult
-from tasks.runtime import STAGE_RETRIES, stage_logger
+from tasks.runtime import STAGE_RETRIES, stage_logger, stage_table_artifact
 from tasks.validate.config import ValidateConfig
 from tasks.validate.stage import run_validate
 from versioning import open_repo
@@ -37,10 +34,5 @@ def validate_task(
         report["seconds"],
         result.commit_id,
     )
-    if TaskRunContext.get() is not None:
-        create_table_artifact(
-            table=stage_table(report),
-            key="validate-stage",
-            description=f"validate stage, commit {result.commit_id}",
-        )
+    stage_table_artifact(result)
     return result

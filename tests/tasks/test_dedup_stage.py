@@ -14,8 +14,9 @@ import pytest
 from tasks.dedup import DedupConfig
 from tasks.dedup.index import load_published, run_folders
 from tasks.dedup.stage import run_dedup_stage
-from tasks.dedup.task import dedup_task, stage_table
+from tasks.dedup.task import dedup_task
 from tasks.io import list_parts, read_parts
+from tasks.runtime import stage_table
 from tests.tasks.test_dedup_quality import documents
 from versioning import DataRepo
 from versioning.local import LocalRepo
