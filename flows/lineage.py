@@ -39,7 +39,7 @@ from flows.wap import PublishRecord
 from formats.mix import MixPlan
 from formats.shards import Manifest
 from training.checkpoint import META
-from training.data import MANIFEST_PATH, MIX_PATH, batch_positions
+from training.data import MANIFEST_PATH, MIX_PATH, batch_positions, train_sequence_counts
 from training.lineage import LINEAGE_BRANCH
 from versioning import DataRepo, NotFound
 
@@ -405,13 +405,6 @@ class _SampleSpace:
     train_sequences: np.ndarray
 
 
-def train_sequence_counts(plan: MixPlan, heldout_fraction: float) -> np.ndarray:
-    """Per source, the sequences the trainer trains on: all but the held-out tail (as TokenDataset)."""
-    sequences = np.asarray(plan.source_sequences, np.int64)
-    heldout = np.where(sequences >= 2, np.ceil(sequences * heldout_fraction), 0).astype(np.int64)
-    return sequences - heldout
-
-
 def training_config(checkpoint: CheckpointRecord) -> dict[str, Any]:
     """The run's TrainConfig as a dict: from the record, the checkpoint's meta.json or the run's config.json."""
     if "config" in checkpoint.record:
@@ -428,6 +421,12 @@ def training_config(checkpoint: CheckpointRecord) -> dict[str, Any]:
     )
 
 
+def _sample_order(config: dict[str, Any]) -> dict[str, Any]:
+    """What fixes the sample order, from a full TrainConfig (records before ``sample_order``)."""
+    heldout = (config.get("data") or {}).get("heldout_fraction", 0.01)
+    return {"global_batch": config["global_batch"], "heldout_fraction": heldout}
+
+
 def step_positions(repo: DataRepo, checkpoint: CheckpointRecord, step: int) -> list[SamplePosition]:
     """The global sample positions training step ``step`` of ``checkpoint``'s run read, each with
     its source, shard and sequence; replayed from the newest earlier checkpoint's loader state."""
@@ -441,18 +440,18 @@ def step_positions(repo: DataRepo, checkpoint: CheckpointRecord, step: int) -> l
     run = read_lineage(repo, checkpoint.run, select=around).of_run(checkpoint.run)
     start = max((c for c in run if c.step < step), key=lambda c: c.step, default=None)
     covering = min((c for c in run if c.step >= step), key=lambda c: c.step, default=checkpoint)
-    config = training_config(checkpoint)
+    order = checkpoint.record.get("sample_order") or _sample_order(training_config(checkpoint))
+    global_batch = int(order["global_batch"])
     plan = MixPlan.from_json(repo.get(covering.data_commit, MIX_PATH))
     manifest = Manifest.from_json(repo.get(covering.data_commit, MANIFEST_PATH))
-    heldout = float((config.get("data") or {}).get("heldout_fraction", 0.01))
-    space = _SampleSpace(plan, train_sequence_counts(plan, heldout))
+    space = _SampleSpace(plan, train_sequence_counts(plan, float(order["heldout_fraction"])))
     # Skipped windows only grow, and each lies past the checkpoint it was added at, so the
     # covering checkpoint's list is the one that held for every step up to it.
     skipped = [tuple(w) for w in covering.record.get("loader", {}).get("skipped", [])]
     cursor = int(start.record["loader"]["cursor"]) if start else 0
     for _ in range((start.step if start else 0) + 1, step):
-        _, cursor = batch_positions(space, cursor, int(config["global_batch"]), skipped)
-    positions, _ = batch_positions(space, cursor, int(config["global_batch"]), skipped)
+        _, cursor = batch_positions(space, cursor, global_batch, skipped)
+    positions, _ = batch_positions(space, cursor, global_batch, skipped)
     return locate_positions(plan, manifest, positions)
 
 

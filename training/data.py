@@ -170,10 +170,7 @@ class TokenDataset:
         for name, n, starts in zip(plan.source_names, sequences, self._starts, strict=True):
             if starts[-1] != n:
                 raise DataError(f"mix.json counts {n} sequences of {name!r}, its shards hold {starts[-1]}")
-        # The tail of each source is held out: contiguous, so at most one document per
-        # source straddles the boundary between training and evaluation sequences.
-        heldout = np.where(sequences >= 2, np.ceil(sequences * heldout_fraction), 0).astype(np.int64)
-        self.train_sequences = sequences - heldout
+        self.train_sequences = train_sequence_counts(plan, heldout_fraction)
 
     def rows(self, source: np.ndarray, index: np.ndarray) -> np.ndarray:
         """Sequences ``[n, seq_len + 1]`` (int64) addressed by (source, sequence index)."""
@@ -374,3 +371,14 @@ def describe_samples(dataset: TokenDataset, batch: Batch) -> dict:
             f"{names[s]}/{k}" for s, k in zip(batch.source.tolist(), batch.index.tolist(), strict=True)
         ],
     }
+
+
+def train_sequence_counts(plan: MixPlan, heldout_fraction: float) -> np.ndarray:
+    """Per source, the sequences training reads: all but the held-out tail.
+
+    The tail is contiguous, so at most one document per source straddles the boundary
+    between training and evaluation sequences.
+    """
+    sequences = np.asarray(plan.source_sequences, np.int64)
+    heldout = np.where(sequences >= 2, np.ceil(sequences * heldout_fraction), 0).astype(np.int64)
+    return sequences - heldout

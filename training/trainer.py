@@ -259,6 +259,12 @@ class Trainer:
     def _record_checkpoint(self, info: CheckpointInfo) -> None:
         record = {k: v for k, v in info.meta.items() if k != "config"}
         record["checkpoint"] = str(info.path)
+        # enough of the config for `tokenlake lineage --step` to replay the sample order
+        # without this machine's checkpoint files
+        record["sample_order"] = {
+            "global_batch": self.cfg.global_batch,
+            "heldout_fraction": self.cfg.data.heldout_fraction,
+        }
         self.lineage.record(checkpoint_record_path(self.cfg.run, info.step), record)
 
     def _find_checkpoint(self, max_step: int | None = None) -> CheckpointInfo | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -103,6 +104,10 @@ def test_step_positions_are_the_samples_training_read(backend, tmp_path):
     checkpoint_dir = find_checkpoint(repo, "alpha@4").checkpoint
     assert find_checkpoint(repo, checkpoint_dir).name == "alpha@4", "a checkpoint directory names it too"
     assert step_positions(repo, find_checkpoint(repo, checkpoint_dir), 3) == step_positions(repo, last, 3)
+    # the record alone is enough: another machine, without the run's files, gets the same answer
+    expected = step_positions(repo, last, 5)
+    shutil.rmtree(result.run_dir)
+    assert step_positions(repo, find_checkpoint(repo, "alpha@6"), 5) == expected
 
 
 
