@@ -68,8 +68,8 @@ class SourceConfig(BaseModel):
         return self
 
 
-class IngestGateConfig(BaseModel):
-    """The Great Expectations gate on what ingest wrote (expectations/raw_documents.json)."""
+class GateSettings(BaseModel):
+    """What every stage's Great Expectations gate has: on or off, and how many documents it reads."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -79,6 +79,11 @@ class IngestGateConfig(BaseModel):
         ge=1,
         description="Documents checked: all below this, else the bottom-k sample by id.",
     )
+
+
+class IngestGateConfig(GateSettings):
+    """The Great Expectations gate on what ingest wrote (expectations/raw_documents.json)."""
+
     max_quarantine_rate: float = Field(
         default=1.0,
         ge=0.0,

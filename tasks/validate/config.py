@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.ingest.config import GateSettings
 from tasks.quality.classifier import ClassifierConfig
 from tasks.quality.code import CODE_RULES, CodeRules
 from tasks.quality.langid import LangIdConfig
@@ -21,17 +22,9 @@ TOTAL = "total"
 ALL_RULES = [*PROSE_RULES, *CODE_RULES, LANGUAGE_RULE, CLASSIFIER_RULE]
 
 
-class ValidateGateConfig(BaseModel):
+class ValidateGateConfig(GateSettings):
     """The Great Expectations gate on what validate wrote."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = True
-    max_rows: int = Field(
-        default=200_000,
-        ge=1,
-        description="Documents checked: all below this, else the bottom-k sample by id.",
-    )
     max_text_chars: int = Field(default=1_000_000, ge=1, description="Longest text the gate accepts.")
     default_removal_rate: Bounds = Field(
         default=Bounds(min=0.0, max=0.9), description="Share of a source's documents one rule may fail."
