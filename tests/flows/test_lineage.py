@@ -28,12 +28,6 @@ from tests.flows.lineage_support import (
 )
 
 
-@pytest.fixture(params=list(BACKENDS))
-def backend(request, tmp_path):
-    with BACKENDS[request.param](tmp_path) as (repo, spec):
-        yield repo, spec
-
-
 def test_a_checkpoint_names_its_publish_stages_and_sources(backend):
     repo, _ = backend
     v1 = publish_version(repo, "flow-run-1", GOOD_SOURCES, seed=1)
@@ -108,7 +102,6 @@ def test_step_positions_are_the_samples_training_read(backend, tmp_path):
     expected = step_positions(repo, last, 5)
     shutil.rmtree(result.run_dir)
     assert step_positions(repo, find_checkpoint(repo, "alpha@6"), 5) == expected
-
 
 
 def test_the_lineage_command_prints_tables_and_json(tmp_path, capsys):

@@ -17,19 +17,12 @@ from flows.rollback_core import (
 )
 from flows.wap import MAIN, publish_lock
 from tests.flows.lineage_support import (
-    BACKENDS,
     BAD_SOURCES,
     GOOD_SOURCES,
     publish_version,
     write_checkpoint_records,
 )
 from versioning import DataRepo
-
-
-@pytest.fixture(params=list(BACKENDS))
-def backend(request, tmp_path):
-    with BACKENDS[request.param](tmp_path) as (repo, spec):
-        yield repo, spec
 
 
 def _contents(repo: DataRepo, ref: str) -> dict[str, bytes]:
