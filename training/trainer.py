@@ -155,7 +155,6 @@ class Trainer:
         self.code_version = code_version()
         self.flops_per_token = self.raw_model.flops_per_token(manifest.seq_len)
         self.peak = peak_flops(self.device, config.peak_flops)
-        self.faults = FaultInjector(config.faults, self.run_dir, dist.gather(os.getpid()), dist.is_main)
         self.lineage = (
             LineageWriter(
                 lambda: open_repo(repo_spec, create=False),
@@ -172,6 +171,9 @@ class Trainer:
             config.checkpoint.milestone_every,
             config.checkpoint.async_save,
             on_saved=self._record_checkpoint if dist.is_main else None,
+        )
+        self.faults = FaultInjector(
+            config.faults, self.run_dir, dist.gather(os.getpid()), dist.is_main, settle=self.checkpoints.wait
         )
         self.metrics: MetricsLog | None = None
         self.samples_log = (

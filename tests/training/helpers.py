@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from training.checkpoint import COMPLETE, newest_valid, step_dir_name
 from training.config import (
     CheckpointConfig,
     DataConfig,
@@ -105,10 +106,18 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def torchrun_killed_after(config: TrainConfig, nproc: int, step: int) -> int:
+def newest_durable_step(config: TrainConfig) -> int | None:
+    """The step of the newest checkpoint that verifies: where a resume must start."""
+    found = newest_valid(config.run_dir() / "checkpoints", warn=lambda _: None)
+    return None if found is None else found.step
+
+
+def torchrun_killed_after(config: TrainConfig, nproc: int, step: int, durable: int | None = None) -> int:
     """Launch, and SIGKILL the workers and torchrun from outside once ``step`` is logged (at
-    whatever point of the next step or save they are). Returns torchrun's exit status."""
+    whatever point of the next step or save they are) and, if ``durable`` is given, once the
+    checkpoint of that step is complete on disk. Returns torchrun's exit status."""
     metrics = config.run_dir() / "metrics.jsonl"
+    marker = config.run_dir() / "checkpoints" / step_dir_name(durable or 0) / COMPLETE
     seen = len(train_records(config.run_dir())) if metrics.exists() else 0
     proc = subprocess.Popen(
         torchrun_command(config, nproc), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
@@ -117,7 +126,7 @@ def torchrun_killed_after(config: TrainConfig, nproc: int, step: int) -> int:
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
         records = train_records(config.run_dir()) if metrics.exists() else []
-        if any(r["step"] >= step for r in records[seen:]):
+        if any(r["step"] >= step for r in records[seen:]) and (durable is None or marker.exists()):
             for pid in [*_children(proc.pid), proc.pid]:
                 try:
                     os.kill(pid, signal.SIGKILL)
