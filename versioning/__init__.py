@@ -18,6 +18,7 @@ from versioning.port import (
     RepoError,
     TransientError,
     validate_branch,
+    validate_key,
     validate_path,
     validate_tag,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "data_home",
     "open_repo",
     "validate_branch",
+    "validate_key",
     "validate_path",
     "validate_tag",
 ]
