@@ -158,7 +158,9 @@ def _write_json(path: Path, value: Any) -> None:
 def split_metadata(metadata: Any) -> tuple[dict[str, str], dict[str, str]]:
     """(what LocalRepo stores, the ``.lakefs.`` keys the double keeps beside it)."""
     metadata = dict(metadata or {})
-    reserved = {k: v for k, v in metadata.items() if isinstance(k, str) and k.startswith(RESERVED_METADATA_PREFIX)}
+    reserved = {
+        k: v for k, v in metadata.items() if isinstance(k, str) and k.startswith(RESERVED_METADATA_PREFIX)
+    }
     return {k: v for k, v in metadata.items() if k not in reserved}, reserved
 
 

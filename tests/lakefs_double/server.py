@@ -270,7 +270,9 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 json_body = json.loads(raw) if raw else None
             except ValueError:
-                return Reply(400, json={"message": "request body has an error: failed to decode request body"}), None
+                return Reply(
+                    400, json={"message": "request body has an error: failed to decode request body"}
+                ), None
         wire = WireRequest(
             op.method,
             urlsplit(self.path).path,

@@ -105,7 +105,9 @@ class Spec:
         as kin-openapi words it; empty when the request is valid."""
         errors = [_parameter_error(error) for error in self._parameters.iter_errors(request)]
         if op.validates_body:
-            errors += [f"request body has an error: {_detail(error)}" for error in self._body.iter_errors(request)]
+            errors += [
+                f"request body has an error: {_detail(error)}" for error in self._body.iter_errors(request)
+            ]
         return errors
 
     def response_errors(self, op: Operation, request: WireRequest, response: WireResponse) -> list[str]:
@@ -133,7 +135,10 @@ def _detail(error: Exception) -> str:
     cause = error.__cause__
     schema_errors = getattr(cause, "schema_errors", None)
     if schema_errors:
-        return "; ".join(str(e.message) for e in schema_errors)
+        return "; ".join(
+            f'Error at "/{"/".join(map(str, e.path))}": {e.message}' if e.path else str(e.message)
+            for e in schema_errors
+        )
     if cause is not None:
         return f"{type(cause).__name__}: {cause}"
     return str(error)
