@@ -275,14 +275,6 @@ def validate_path(path: str) -> str:
     return path
 
 
-def validate_prefix(prefix: str) -> str:
-    """A strict listing prefix: empty, or a safe path (a trailing '/' allowed)."""
-    if prefix == "":
-        return prefix
-    validate_path(prefix[:-1] if prefix.endswith("/") else prefix)
-    return prefix
-
-
 def validate_branch(name: str) -> str:
     """lakeFS's branch rule (``pkg/validator/validate.go``): ASCII letters, digits, '_' and '-'."""
     if not isinstance(name, str) or not _BRANCH_RE.match(name):
