@@ -498,7 +498,8 @@ class LocalRepo:
             if not path.startswith(prefix):
                 break
             staged.append((path, None if sha256 is None else (sha256, size, mtime)))
-        return sorted(staged)
+        rows.close()
+        return staged  # SQLite's BINARY order of UTF-8 is Python's order of the strings
 
     def _require_clean(self, conn: sqlite3.Connection, branch: str, head_tree: str, doing: str) -> None:
         """Conflict if a staged entry differs from the head's (lakeFS's dirty-branch test)."""
