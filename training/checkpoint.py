@@ -25,6 +25,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from training.errors import TrainingError
+from training.staging import HostStaging, StagedState
 
 FORMAT_VERSION = 1
 COMPLETE = "COMPLETE"
@@ -106,9 +108,14 @@ def write_checkpoint(
     tmp = directory / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    files = {
-        name: _write_file(tmp / name, lambda w, obj=obj: torch.save(obj, w)) for name, obj in tensors.items()
-    }
+    # One thread per payload file: hashing and writing release the GIL, so the optimizer state
+    # (the largest file) no longer waits for the model's to finish.
+    with ThreadPoolExecutor(max_workers=max(1, len(tensors)), thread_name_prefix="ckpt-file") as pool:
+        pending = {
+            name: pool.submit(_write_file, tmp / name, lambda w, obj=obj: torch.save(obj, w))
+            for name, obj in tensors.items()
+        }
+        files = {name: future.result() for name, future in pending.items()}
     meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
     files[META] = _write_file(tmp / META, lambda w: w.write(meta_bytes))
     if before_complete is not None:
@@ -215,19 +222,25 @@ def remove_partial_saves(directory: Path) -> list[Path]:
     return removed
 
 
-def _cpu_copy(obj: Any) -> Any:
-    """A deep copy with every tensor cloned to CPU, so training can go on mutating the originals."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_cpu_copy(v) for v in obj)
-    return obj
+@dataclass(frozen=True)
+class SaveTiming:
+    """What one save cost the training thread."""
+
+    stall_s: float  # blocked in save() altogether
+    waited_s: float  # of which: waiting for the previous save to finish writing (it owned the buffers)
+    waited_for_step: int | None  # the step of that previous save, when it was still being written
+    staged_bytes: int  # copied into the host buffers (0: written synchronously, or already copied)
 
 
 class CheckpointManager:
     """Saves (optionally on a background thread), then prunes to keep-last-k plus milestones.
+
+    An asynchronous save stages the state into host buffers (:class:`training.staging.HostStaging`:
+    pinned memory and a side stream on CUDA, plain memory on the CPU) and returns; a
+    background thread waits for the copy, then serialises, hashes and fsyncs. Those buffers
+    belong to one save at a time, so a save first waits for the previous one to be written;
+    that wait is part of the stall and is reported on its own (:class:`SaveTiming`), so a
+    checkpoint schedule faster than the disk shows up instead of going unnoticed.
 
     ``on_saved(info)`` runs after each checkpoint is complete (the trainer writes lineage
     there). One save is in flight at most: the next save, a rollback and the end of the
@@ -241,13 +254,16 @@ class CheckpointManager:
         milestone_every: int = 0,
         async_save: bool = True,
         on_saved: Callable[[CheckpointInfo], None] | None = None,
+        device: torch.device | None = None,
     ):
         self.directory = directory
         self.keep_last = keep_last
         self.milestone_every = milestone_every
         self.async_save = async_save
         self.on_saved = on_saved
+        self.staging = HostStaging(device or torch.device("cpu"))
         self._thread: threading.Thread | None = None
+        self._thread_step: int | None = None
         self._error: BaseException | None = None
 
     def is_milestone(self, step: int) -> bool:
@@ -260,26 +276,34 @@ class CheckpointManager:
         meta: dict[str, Any],
         before_complete: Callable[[], None] | None = None,
         copied: bool = False,
-    ) -> float:
-        """Save a checkpoint; returns the seconds the caller was blocked (the checkpoint stall).
+    ) -> SaveTiming:
+        """Save a checkpoint; returns what it cost the caller (the checkpoint stall).
 
-        ``copied`` says no tensor in ``tensors`` is still used by training (state dicts already
-        offloaded from a GPU), so an asynchronous save need not copy them again."""
+        ``copied`` says no tensor in ``tensors`` is still used by training (a full state dict
+        FSDP already gathered into fresh CPU memory), so an asynchronous save need not stage it."""
         started = time.perf_counter()
+        still_writing = self._thread_step if self._thread is not None and self._thread.is_alive() else None
         self.wait()
+        waited = time.perf_counter() - started
         meta = copy.deepcopy({**meta, "milestone": self.is_milestone(step)})  # training goes on changing it
         if not self.async_save:
             self._write(step, tensors, meta, before_complete)
-            return time.perf_counter() - started
-        staged = tensors if copied else _cpu_copy(tensors)
+            return SaveTiming(time.perf_counter() - started, waited, still_writing, 0)
+        staged = StagedState(tensors, 0) if copied else self.staging.stage(tensors)
         self._thread = threading.Thread(
             target=self._write_in_background,
             args=(step, staged, meta, before_complete),
             name=f"checkpoint-{step}",
             daemon=False,  # the interpreter waits for a save in flight before exiting
         )
+        self._thread_step = step
         self._thread.start()
-        return time.perf_counter() - started
+        return SaveTiming(time.perf_counter() - started, waited, still_writing, staged.nbytes)
+
+    def fence(self) -> None:
+        """Call before the state is changed in place (the optimizer step): on CUDA the compute
+        stream then waits for a staging copy still reading it; elsewhere a no-op."""
+        self.staging.fence()
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -289,9 +313,10 @@ class CheckpointManager:
             error, self._error = self._error, None
             raise CheckpointError(f"a background checkpoint save failed: {error}") from error
 
-    def _write_in_background(self, *args: Any) -> None:
+    def _write_in_background(self, step: int, staged: StagedState, meta, before_complete) -> None:
         try:
-            self._write(*args)
+            staged.wait()
+            self._write(step, staged.tree, meta, before_complete)
         except BaseException as exc:  # re-raised on the training thread by wait()
             self._error = exc
 
