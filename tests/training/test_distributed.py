@@ -1,31 +1,45 @@
-"""Real torchrun jobs (2 processes, gloo on CPU): exact resume after SIGKILL, elastic resume, FSDP2."""
+"""Real torchrun jobs (2 processes): exact resume after SIGKILL, elastic resume, FSDP2.
+
+Each rank needs a CUDA device of its own; on a machine with fewer (one GPU, say) the jobs
+run on the CPU with gloo instead, and a warning in the test summary says so.
+"""
 
 from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 from tests.training.helpers import (
+    device_for_ranks,
     final_weights,
-    make_config,
     make_dataset,
     newest_durable_step,
     torchrun,
     torchrun_killed_after,
     train_records,
 )
+from tests.training.helpers import make_config as make_job_config
 from training.config import CheckpointConfig, FaultConfig, OptimConfig
 from training.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
+DEVICE, FALLBACK = device_for_ranks(2)
+
+
+def make_config(ds, run, **fields):
+    # on CUDA, NCCL and cuBLAS need deterministic kernels for the bit-for-bit comparisons
+    return make_job_config(ds, run, device=DEVICE, deterministic=DEVICE != "cpu", **fields)
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
+    if FALLBACK:
+        warnings.warn(f"tests/training/test_distributed.py: {FALLBACK}", stacklevel=1)
     return make_dataset(tmp_path_factory.mktemp("distributed"))
 
 
