@@ -82,6 +82,10 @@ class HostStaging:
         """Where each buffer lives: the same addresses save after save once the state's shape is stable."""
         return {slot: buffer.data_ptr() for slot, buffer in self._buffers.items()}
 
+    def buffers_pinned(self) -> bool:
+        """Whether every (non-empty) buffer is page-locked memory the GPU can copy into asynchronously."""
+        return all(buffer.is_pinned() for buffer in self._buffers.values() if buffer.numel())
+
     def stage(self, tree: Any) -> StagedState:
         """Start copying ``tree`` into the buffers; returns at once on CUDA (the copy runs on a side stream)."""
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (source bytes, buffer)
