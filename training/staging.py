@@ -5,10 +5,13 @@ parameters and the optimizer state. :class:`HostStaging` copies every tensor sto
 state tree into host buffers that it allocates on the first save and reuses afterwards (a
 checkpoint of the same model has the same storages every time):
 
-* on CUDA the buffers are page-locked, registered with ``cudaHostRegister`` at their exact
-  size (PyTorch's caching pinned allocator would round each one up to a power of two, up to
-  twice the memory), and the copies are issued with ``non_blocking=True`` on a dedicated
-  stream that first waits for the compute stream. An event recorded after the copies is
+* the buffers are slices of one anonymous memory mapping (the arena), each its own storage
+  of exactly its source's size, so ``torch.save`` writes exactly what it would for the source;
+* on CUDA the arena is page-locked once with ``cudaHostRegister`` (PyTorch's caching pinned
+  allocator would round every buffer up to a power of two, up to twice the memory, and
+  registering buffers one by one fails where two small ones share a page), and the copies
+  are issued with ``non_blocking=True`` on a dedicated stream that first waits for the
+  compute stream. An event recorded after the copies is
   what the writer thread waits on before serialising, and what the compute stream waits on
   before the next optimizer step changes what is being copied (:meth:`HostStaging.fence`).
   The training thread only issues the copies;
@@ -29,11 +32,15 @@ allocated once in pinned memory, filled on a side stream, handed to a background
 from __future__ import annotations
 
 import copy
+import mmap
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+_ALIGN = 64  # bytes between buffers in the arena: every dtype's alignment, and a cache line
 
 
 @dataclass
@@ -52,15 +59,34 @@ class StagedState:
         self.sources.clear()
 
 
-def _register_pinned(buffer: torch.Tensor) -> None:
-    """Page-lock ``buffer`` in place at its exact size, unlocked again when it is freed."""
-    cudart = torch.cuda.cudart()
-    pointer, size = buffer.data_ptr(), buffer.numel()
-    status = int(cudart.cudaHostRegister(pointer, size, 0))
-    if status != 0:
-        raise RuntimeError(f"cudaHostRegister of a {size}-byte checkpoint buffer failed (cudaError {status})")
-    # At interpreter exit the CUDA runtime may be gone already; an unregister then has nothing to undo.
-    weakref.finalize(buffer, cudart.cudaHostUnregister, pointer)
+class _Arena:
+    """One anonymous mapping, page-aligned, cut into buffers; page-locked as a whole on CUDA."""
+
+    def __init__(self, layout: tuple[tuple[tuple, int], ...], pinned: bool):
+        self.layout = layout
+        offsets, total = [], 0
+        for _, size in layout:
+            offsets.append(total)
+            total += -(-size // _ALIGN) * _ALIGN
+        self.nbytes = total
+        self.memory = mmap.mmap(-1, max(total, 1))
+        view = memoryview(self.memory)
+        self.buffers = {
+            slot: torch.frombuffer(view[offset : offset + size], dtype=torch.uint8)
+            if size
+            else torch.empty(0, dtype=torch.uint8)
+            for (slot, size), offset in zip(layout, offsets, strict=True)
+        }
+        if pinned and total:
+            cudart = torch.cuda.cudart()
+            pointer = torch.frombuffer(view, dtype=torch.uint8).data_ptr()
+            status = int(cudart.cudaHostRegister(pointer, total, 0))
+            if status != 0:
+                raise RuntimeError(
+                    f"cudaHostRegister of {total} bytes of checkpoint buffers failed (cudaError {status})"
+                )
+            # Unlocked when the arena goes; at interpreter exit the CUDA runtime may be gone already.
+            self._unregister: Callable | None = weakref.finalize(self, cudart.cudaHostUnregister, pointer)
 
 
 def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
@@ -69,74 +95,54 @@ def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tens
 
 
 class HostStaging:
-    """Copies state trees into host buffers it owns; one set of buffers, reused across saves."""
+    """Copies state trees into host buffers it owns; one arena, reused while the state's layout holds."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.pinned = device.type == "cuda"
-        self._buffers: dict[tuple, torch.Tensor] = {}  # slot (path of a storage's first tensor) -> buffer
+        self._arena: _Arena | None = None
         self._stream: torch.cuda.Stream | None = None
         self._unfenced: torch.cuda.Event | None = None
 
     def buffer_pointers(self) -> dict[tuple, int]:
         """Where each buffer lives: the same addresses save after save once the state's shape is stable."""
-        return {slot: buffer.data_ptr() for slot, buffer in self._buffers.items()}
+        return {slot: b.data_ptr() for slot, b in self._arena.buffers.items()} if self._arena else {}
 
     def buffers_pinned(self) -> bool:
         """Whether every (non-empty) buffer is page-locked memory the GPU can copy into asynchronously."""
-        return all(buffer.is_pinned() for buffer in self._buffers.values() if buffer.numel())
+        return self._arena is not None and all(
+            b.is_pinned() for b in self._arena.buffers.values() if b.numel()
+        )
 
     def stage(self, tree: Any) -> StagedState:
         """Start copying ``tree`` into the buffers; returns at once on CUDA (the copy runs on a side stream)."""
-        copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (source bytes, buffer)
-        by_storage: dict[tuple, torch.Tensor] = {}  # a source storage -> its buffer, within this save
-        in_use: dict[tuple, torch.Tensor] = {}
-        memo: dict[int, Any] = {}  # containers seen twice stay one object, as pickle would write them
+        # pass 1: the distinct source storages, each under the path of its first tensor (its slot)
+        sources: dict[tuple, tuple[tuple, torch.UntypedStorage, torch.device]] = {}
 
+        def note(tensor: torch.Tensor, path: tuple) -> torch.Tensor:
+            key = _storage_key(tensor, path)
+            if key not in sources:
+                sources[key] = (path, tensor.untyped_storage(), tensor.device)
+            return tensor
+
+        _rebuild(tree, (), note, {})
+        layout = tuple((slot, storage.nbytes()) for slot, storage, _ in sources.values())
+        if self._arena is None or self._arena.layout != layout:
+            self._arena = None  # unlock and unmap the old arena before mapping a new one
+            self._arena = _Arena(layout, self.pinned)
+        buffers = self._arena.buffers
+
+        # pass 2: the same tree, every tensor a view of its storage's buffer
         def stage_tensor(tensor: torch.Tensor, path: tuple) -> torch.Tensor:
-            if type(tensor) is not torch.Tensor:
-                raise TypeError(
-                    f"checkpoint staging takes plain tensors; {'/'.join(map(str, path))} is a "
-                    f"{type(tensor).__name__} (gather it to a full tensor first)"
-                )
-            storage = tensor.untyped_storage()
-            size = storage.nbytes()
-            key = (tensor.device, storage.data_ptr(), size) if size else ("empty", path)
-            buffer = by_storage.get(key)
-            if buffer is None:
-                buffer = self._buffers.get(path)
-                if buffer is None or buffer.numel() != size:
-                    buffer = self._allocate(size)
-                by_storage[key] = in_use[path] = buffer
-                copies.append((_bytes_of(storage, tensor.device), buffer))
+            slot = sources[_storage_key(tensor, path)][0]
             staged = torch.empty(0, dtype=tensor.dtype).set_(
-                buffer.untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride()
+                buffers[slot].untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride()
             )
             return staged.requires_grad_(tensor.requires_grad)
 
-        def visit(obj: Any, path: tuple) -> Any:
-            if isinstance(obj, torch.Tensor):
-                return stage_tensor(obj, path)
-            if id(obj) in memo:
-                return memo[id(obj)]
-            if isinstance(obj, dict):
-                staged = memo[id(obj)] = copy.copy(obj)  # keeps the type (OrderedDict) and its attributes
-                for key, value in obj.items():
-                    staged[key] = visit(value, (*path, key))
-                return staged
-            if isinstance(obj, list):
-                staged = memo[id(obj)] = []
-                staged.extend(visit(value, (*path, i)) for i, value in enumerate(obj))
-                return staged
-            if isinstance(obj, tuple):
-                staged = type(obj)(visit(value, (*path, i)) for i, value in enumerate(obj))
-                memo[id(obj)] = staged
-                return staged
-            return copy.deepcopy(obj)
-
-        staged_tree = visit(tree, ())
-        self._buffers = in_use
-        nbytes = sum(buffer.numel() for _, buffer in copies)
+        staged_tree = _rebuild(tree, (), stage_tensor, {})
+        copies = [(_bytes_of(storage, device), buffers[slot]) for slot, storage, device in sources.values()]
+        nbytes = sum(size for _, size in layout)
         if not self.pinned:
             for source, buffer in copies:
                 buffer.copy_(source)
@@ -160,8 +166,40 @@ class HostStaging:
             torch.cuda.current_stream(self.device).wait_event(self._unfenced)
             self._unfenced = None
 
-    def _allocate(self, size: int) -> torch.Tensor:
-        buffer = torch.empty(size, dtype=torch.uint8)
-        if self.pinned and size:
-            _register_pinned(buffer)
-        return buffer
+
+def _storage_key(tensor: torch.Tensor, path: tuple) -> tuple:
+    """Tensors sharing a storage share a key (an empty storage is never shared)."""
+    if type(tensor) is not torch.Tensor:
+        raise TypeError(
+            f"checkpoint staging takes plain tensors; {'/'.join(map(str, path))} is a "
+            f"{type(tensor).__name__} (gather it to a full tensor first)"
+        )
+    storage = tensor.untyped_storage()
+    size = storage.nbytes()
+    return (str(tensor.device), storage.data_ptr(), size) if size else ("empty", path)
+
+
+def _rebuild(
+    obj: Any, path: tuple, on_tensor: Callable[[torch.Tensor, tuple], Any], memo: dict[int, Any]
+) -> Any:
+    """``obj`` with every tensor replaced by ``on_tensor(tensor, path)``; containers keep their types
+    (an OrderedDict its attributes), a container met twice stays one object, other leaves are copied."""
+    if isinstance(obj, torch.Tensor):
+        return on_tensor(obj, path)
+    if id(obj) in memo:
+        return memo[id(obj)]
+    if isinstance(obj, dict):
+        rebuilt = memo[id(obj)] = copy.copy(obj)
+        for key, value in obj.items():
+            rebuilt[key] = _rebuild(value, (*path, key), on_tensor, memo)
+        return rebuilt
+    if isinstance(obj, list):
+        rebuilt = memo[id(obj)] = []
+        rebuilt.extend(_rebuild(value, (*path, i), on_tensor, memo) for i, value in enumerate(obj))
+        return rebuilt
+    if isinstance(obj, tuple):
+        rebuilt = memo[id(obj)] = type(obj)(
+            _rebuild(v, (*path, i), on_tensor, memo) for i, v in enumerate(obj)
+        )
+        return rebuilt
+    return copy.deepcopy(obj)

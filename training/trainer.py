@@ -20,6 +20,7 @@ restarted produces the same losses and weights, bit for bit, as one that never s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -321,7 +322,9 @@ class Trainer:
         return tensors, meta
 
     def save_checkpoint(self) -> SaveTiming:
-        """Checkpoint the current step; returns what it cost rank 0 (zeros on other ranks)."""
+        """Checkpoint the current step; returns what it cost rank 0 (zeros on other ranks). The
+        stall counts everything the training thread did for it: collecting the state dicts too."""
+        started = time.perf_counter()
         tensors, meta = self._state_for_checkpoint()
         if not self.dist.is_main:
             return SaveTiming(0.0, 0.0, None, 0)
@@ -333,6 +336,7 @@ class Trainer:
             before_complete=lambda: self.faults.kill_point("save", step),
             copied=not self._stages_live_state(),
         )
+        timing = dataclasses.replace(timing, stall_s=time.perf_counter() - started)
         if timing.waited_for_step is not None:
             self.say(
                 f"the checkpoint of step {step} waited {1000 * timing.waited_s:.0f} ms for the save of step "

@@ -71,17 +71,22 @@ def test_a_bf16_run_killed_inside_a_step_resumes_bit_for_bit(dataset):
     assert_replays_match(baseline, lagged, 16)
 
 
-def small_model():
+def mid_model():
+    """About 17M parameters: a staging copy of ~200 MB takes milliseconds, far longer than
+    launching an optimizer step, so an unfenced step would overwrite what is being copied."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_embd=128)).to(CUDA)
+    model = GPT(GPTConfig(vocab_size=8192, block_size=64, n_layer=4, n_head=8, n_embd=512)).to(CUDA)
     return model, torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-2, fused=True)
 
 
-def train_step(model, optimizer) -> None:
-    idx = torch.randint(0, 512, (8, 65), device=CUDA)
+def backward(model) -> None:
+    idx = torch.randint(0, 8192, (8, 65), device=CUDA)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         _, loss = model(idx[:, :-1], idx[:, 1:])
     loss.backward()
+
+
+def update(optimizer) -> None:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -94,18 +99,19 @@ def live_state(model, optimizer) -> dict:
 
 
 def test_pinned_staging_writes_the_synchronous_bytes_and_never_a_later_step(tmp_path):
-    model, optimizer = small_model()
+    model, optimizer = mid_model()
     manager = CheckpointManager(tmp_path / "staged", keep_last=5, device=CUDA)
     optimizer.register_step_pre_hook(lambda *_: manager.fence())  # as the trainer does
     pointers = []
-    for step in (2, 4):
-        train_step(model, optimizer)
-        train_step(model, optimizer)
+    for step in (1, 2):
+        backward(model)
+        update(optimizer)
+        backward(model)  # the next step's gradients are ready before the save ...
         snapshot_model, snapshot_optimizer = copy.deepcopy((model, optimizer))  # the state being saved
         timing = manager.save(step, live_state(model, optimizer), {"step": step})
-        train_step(model, optimizer)  # changes every parameter at once: the fence must hold it back
+        update(optimizer)  # ... so its update is launched at once: the fence must hold it back
         manager.wait()
-        assert timing.staged_bytes > 0 and manager.staging.buffers_pinned()
+        assert timing.staged_bytes > 100 * 2**20 and manager.staging.buffers_pinned()
         pointers.append(manager.staging.buffer_pointers())
 
         # the synchronous path: the same state moved to the CPU, written on this thread
@@ -113,12 +119,8 @@ def test_pinned_staging_writes_the_synchronous_bytes_and_never_a_later_step(tmp_
         for state in snapshot_optimizer.state.values():
             for key, value in state.items():
                 state[key] = value.cpu()
-        sync = write_checkpoint(
-            tmp_path / "sync",
-            step,
-            live_state(snapshot_model, snapshot_optimizer),
-            {"step": step, "milestone": False},
-        )
+        sync_state = live_state(snapshot_model, snapshot_optimizer)
+        sync = write_checkpoint(tmp_path / "sync", step, sync_state, {"step": step, "milestone": False})
         for name in ("model.pt", "optim.pt", "COMPLETE"):
             assert (tmp_path / f"staged/step-{step:07d}" / name).read_bytes() == (sync / name).read_bytes(), (
                 name
