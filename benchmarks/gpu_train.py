@@ -217,9 +217,9 @@ def full_run(config: TrainConfig, device: torch.device, warmup: int, window: int
     saves = [r for r in timed if "ckpt_stall_ms" in r]
     last = steps[-1]
     drain = next((r["ms"] for r in records if r["kind"] == "checkpoint_drain"), 0.0)
-    tokens = config.global_batch * (last["tokens"] // last["step"] // config.global_batch)
+    tokens_per_step = last["tokens"] // last["step"]
     return {
-        "tokens_per_s": round(tokens * len(timed) / seconds, 1),
+        "tokens_per_s": round(tokens_per_step * len(timed) / seconds, 1),
         "window_steps": [timed[0]["step"], timed[-1]["step"]],
         "saves_in_window": [r["step"] for r in saves],
         "stall_ms": [round(r["ckpt_stall_ms"], 2) for r in saves],
