@@ -75,6 +75,7 @@ if [ "${GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
         tests/training/test_cuda.py \
         tests/training/test_staging.py tests/training/test_losses.py tests/training/test_checkpoint.py \
         tests/training/test_model.py tests/training/test_data.py tests/training/test_lineage_and_stability.py \
+        tests/training/test_imports.py \
         "tests/training/test_distributed.py::test_fsdp2_trains_on_cpu_and_resumes_exactly" \
         >"$OUT/tests.log" 2>&1 || { fail 5; note "tests failed or ran out of time: see tests.log"; }
     grep -E "passed|failed|error|SKIPPED|UserWarning" "$OUT/tests.log" | tail -n 12 | tee -a "$OUT/summary.txt"
