@@ -54,22 +54,29 @@ class TrainParams(BaseModel):
     preset: PresetName = Field(default="tiny", description="model size")
     steps: int = Field(default=200, ge=1, description="optimizer steps to reach")
     nproc: int | None = Field(
-        default=None, ge=1, description="training processes per node (torchrun --nproc-per-node); "
+        default=None,
+        ge=1,
+        description="training processes per node (torchrun --nproc-per-node); "
         "default $TOKENLAKE_NPROC_PER_NODE or 1",
     )
     nnodes: int | None = Field(
-        default=None, ge=1, description="nodes (torchrun --nnodes); past 1 the c10d rendezvous replaces "
+        default=None,
+        ge=1,
+        description="nodes (torchrun --nnodes); past 1 the c10d rendezvous replaces "
         "--standalone; default $TOKENLAKE_NNODES or 1",
     )
     rdzv_endpoint: str | None = Field(
-        default=None, description="host:port of the rendezvous store, on this node (the flow's node hosts it); "
+        default=None,
+        description="host:port of the rendezvous store, on this node (the flow's node hosts it); "
         "default $TOKENLAKE_RDZV_ENDPOINT",
     )
     rdzv_id: str | None = Field(
         default=None, description="the job's rendezvous id; default $TOKENLAKE_RDZV_ID, else the flow run id"
     )
     max_restarts: int = Field(
-        default=0, ge=0, description="torchrun --max-restarts: restarts of every node's workers after a "
+        default=0,
+        ge=0,
+        description="torchrun --max-restarts: restarts of every node's workers after a "
         "failure, inside one attempt (each resumes)",
     )
     resume: ResumePolicy = Field(

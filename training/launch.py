@@ -40,11 +40,16 @@ class LaunchConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     nproc_per_node: int = Field(default=1, ge=1, description="worker processes per node (one per GPU)")
-    nnodes: int = Field(default=1, ge=1, description="nodes; past 1 the c10d rendezvous replaces --standalone")
-    rdzv_endpoint: str | None = Field(
-        default=None, description="host:port of the rendezvous store (a node of the job); needed past one node"
+    nnodes: int = Field(
+        default=1, ge=1, description="nodes; past 1 the c10d rendezvous replaces --standalone"
     )
-    rdzv_id: str | None = Field(default=None, description="the job's id, equal on every node; needed past one node")
+    rdzv_endpoint: str | None = Field(
+        default=None,
+        description="host:port of the rendezvous store (a node of the job); needed past one node",
+    )
+    rdzv_id: str | None = Field(
+        default=None, description="the job's id, equal on every node; needed past one node"
+    )
     max_restarts: int = Field(
         default=0, ge=0, description="times torchrun restarts the workers of every node after a failure"
     )
@@ -56,9 +61,13 @@ class LaunchConfig(BaseModel):
     @model_validator(mode="after")
     def _rendezvous_named(self) -> LaunchConfig:
         if self.rdzv_endpoint is not None and not _ENDPOINT.match(self.rdzv_endpoint):
-            raise ValueError(f"rdzv_endpoint {self.rdzv_endpoint!r} must be host:port, e.g. trainer-0.train:29400")
+            raise ValueError(
+                f"rdzv_endpoint {self.rdzv_endpoint!r} must be host:port, e.g. trainer-0.train:29400"
+            )
         if self.rdzv_id is not None and not _RDZV_ID.match(self.rdzv_id):
-            raise ValueError(f"rdzv_id {self.rdzv_id!r} must be letters, digits, '.', '_' or '-' (at most 128)")
+            raise ValueError(
+                f"rdzv_id {self.rdzv_id!r} must be letters, digits, '.', '_' or '-' (at most 128)"
+            )
         if self.nnodes > 1 and (self.rdzv_endpoint is None or self.rdzv_id is None):
             raise ValueError(
                 f"nnodes={self.nnodes} needs rdzv_endpoint (host:port of one node) and rdzv_id (the same on "
@@ -120,7 +129,9 @@ def write_launch_file(home: Path, launch: LaunchConfig, config_path: Path) -> Pa
     return path
 
 
-def follower_job(home: Path, rdzv_id: str, timeout_s: float, poll_s: float = 0.5) -> tuple[LaunchConfig, Path]:
+def follower_job(
+    home: Path, rdzv_id: str, timeout_s: float, poll_s: float = 0.5
+) -> tuple[LaunchConfig, Path]:
     """The job of a node that follows the launching one (as a client of its rendezvous store) and the
     config file to train with, read from the launch file; waits for it (the launching node may start later)."""
     path = launch_file(home, rdzv_id)

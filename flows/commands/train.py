@@ -30,14 +30,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--preset", choices=list(MODEL_PRESETS), default="tiny", help="model size (default: tiny)"
     )
     parser.add_argument(
-        "--nproc", type=int, default=None, help="training processes per node (default: $TOKENLAKE_NPROC_PER_NODE or 1)"
+        "--nproc",
+        type=int,
+        default=None,
+        help="training processes per node (default: $TOKENLAKE_NPROC_PER_NODE or 1)",
     )
     parser.add_argument(
         "--nnodes", type=int, default=None,
         help="nodes; past 1 this node hosts the c10d rendezvous and the others run "
         "`python -m training.launch follow` (default: $TOKENLAKE_NNODES or 1)",
     )  # fmt: skip
-    parser.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="this node's rendezvous address")
+    parser.add_argument(
+        "--rdzv-endpoint", default=None, metavar="HOST:PORT", help="this node's rendezvous address"
+    )
     parser.add_argument("--rdzv-id", default=None, help="the job's rendezvous id (default: the flow run id)")
     parser.add_argument(
         "--max-restarts", type=int, default=0, help="torchrun restarts of every node's workers (default: 0)"

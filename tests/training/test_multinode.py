@@ -72,7 +72,9 @@ class TwoNodes:
         config_path = config.run_dir().parent / f"{config.run}.config.json"
         config_path.write_text(config.model_dump_json())
         write_launch_file(self.home, self.launch, config_path)
-        self.node0 = self._start(torchrun_command(self.launch, config_path), "node0", self.launch.environment())
+        self.node0 = self._start(
+            torchrun_command(self.launch, config_path), "node0", self.launch.environment()
+        )
         self.node1 = self.start_follower()
 
     def _start(self, command: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -136,7 +138,10 @@ def assert_same_training(run: TrainConfig, reference: TrainConfig) -> None:
     seen = train_records(run.run_dir())
     assert {r["step"] for r in seen} == set(expected)
     assert all(r["loss"] == expected[r["step"]] for r in seen)
-    ours, theirs = final_weights(run.run_dir(), run.steps), final_weights(reference.run_dir(), reference.steps)
+    ours, theirs = (
+        final_weights(run.run_dir(), run.steps),
+        final_weights(reference.run_dir(), reference.steps),
+    )
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
@@ -156,7 +161,11 @@ def test_a_killed_node_rejoins_and_the_job_resumes_through_max_restarts(dataset,
     marker = config.run_dir() / "checkpoints" / step_dir_name(8) / COMPLETE
 
     def mid_run() -> bool:  # step 10 logged and the step-8 checkpoint durable
-        return metrics.exists() and marker.exists() and any(r["step"] >= 10 for r in train_records(config.run_dir()))
+        return (
+            metrics.exists()
+            and marker.exists()
+            and any(r["step"] >= 10 for r in train_records(config.run_dir()))
+        )
 
     wait_until(mid_run, "step 10 and a durable step-8 checkpoint", job.node0)
     node0_workers = children(job.node0.pid)
