@@ -116,7 +116,9 @@ def _actions(repo: RepositoryReader, commit: str) -> list[tuple[str, dict[str, A
         try:
             action = yaml.safe_load(repo.get(commit, stat.path))
         except yaml.YAMLError as exc:
-            raise HookFailed(f"pre-merge hook aborted: action file {stat.path} is not valid YAML ({exc})") from None
+            raise HookFailed(
+                f"pre-merge hook aborted: action file {stat.path} is not valid YAML ({exc})"
+            ) from None
         if not isinstance(action, dict):
             raise HookFailed(f"pre-merge hook aborted: action file {stat.path} is not an action (a mapping)")
         found.append((stat.path, action))
@@ -169,12 +171,12 @@ def _run_lua(
         text = str(exc)
         if _FAILURE_OPEN in text:
             text = text.split(_FAILURE_OPEN, 1)[1].split(_FAILURE_CLOSE, 1)[0]
-        raise HookFailed(
-            f"pre-merge hook aborted: action {action_name!r} hook {hook_id!r}: {text}"
-        ) from None
+        raise HookFailed(f"pre-merge hook aborted: action {action_name!r} hook {hook_id!r}: {text}") from None
 
 
-def _action_table(repo: RepositoryReader, event: MergeEvent, action_name: str, hook_id: str) -> dict[str, Any]:
+def _action_table(
+    repo: RepositoryReader, event: MergeEvent, action_name: str, hook_id: str
+) -> dict[str, Any]:
     """The ``action`` global, field for field as lakeFS's ``applyRecord`` builds it."""
     return {
         "action_name": action_name,
@@ -221,7 +223,11 @@ class _Bridge:
         if self.lua_type(value) != "table":
             return value
         items = dict(value.items())
-        if items and all(isinstance(k, int) for k in items) and sorted(items) == list(range(1, len(items) + 1)):
+        if (
+            items
+            and all(isinstance(k, int) for k in items)
+            and sorted(items) == list(range(1, len(items) + 1))
+        ):
             return [self.from_lua(items[i]) for i in range(1, len(items) + 1)]
         return {str(k): self.from_lua(v) for k, v in items.items()}
 
@@ -262,7 +268,9 @@ class _Bridge:
                  "mtime": int(stat.mtime)}
             )  # fmt: skip
 
-        def list_objects(repository: str, ref: str, after: str, prefix: str, delimiter: str, amount: int) -> Any:
+        def list_objects(
+            repository: str, ref: str, after: str, prefix: str, delimiter: str, amount: int
+        ) -> Any:
             if repository != self.repo.name:
                 return 404, self.to_lua({"message": f"repository {repository} not found"})
             try:
@@ -279,7 +287,12 @@ class _Bridge:
                         results.append({"path": common, "path_type": "common_prefix"})
                 else:
                     results.append(
-                        {"path": stat.path, "path_type": "object", "checksum": stat.checksum, "size_bytes": stat.size}
+                        {
+                            "path": stat.path,
+                            "path_type": "object",
+                            "checksum": stat.checksum,
+                            "size_bytes": stat.size,
+                        }
                     )
             page = results[: int(amount)]
             has_more = len(results) > len(page)
