@@ -24,6 +24,8 @@ import argparse
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -148,24 +150,73 @@ def follower_job(
     return launch, Path(job["config"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m training.launch",
-        description="follow: run this node's part of a multi-node job that the train flow launched",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    follow = commands.add_parser("follow", help="wait for the launch file, then run the same torchrun")
-    follow.add_argument("--home", type=Path, default=os.environ.get("TOKENLAKE_HOME", ".tokenlake"))
-    follow.add_argument("--rdzv-id", default=os.environ.get("TOKENLAKE_RDZV_ID"))
-    follow.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the launch file")
-    args = parser.parse_args(argv)
-    if not args.rdzv_id:
-        parser.error("--rdzv-id (or $TOKENLAKE_RDZV_ID) is required")
-    launch, config_path = follower_job(args.home.resolve(), args.rdzv_id, args.timeout)
+FLOW_FAILED_EXIT = 42  # pod 0's flow run failed: the Job's podFailurePolicy fails the whole job
+
+
+def follow(home: Path, rdzv_id: str, timeout_s: float) -> None:
+    """Become this node's torchrun (exec: its exit status is the node's)."""
+    launch, config_path = follower_job(home.resolve(), rdzv_id, timeout_s)
     command = torchrun_command(launch, config_path)
     print("follow:", " ".join(command), flush=True)
     os.environ.update(launch.environment())
-    os.execv(command[0], command)  # torchrun becomes this process: its exit status is the node's
+    os.execv(command[0], command)
+
+
+def run_pod(args: argparse.Namespace) -> int:
+    """A pod of the Kubernetes Indexed Job (``deploy/kubernetes``): export the job's shape as the
+    ``TOKENLAKE_*`` variables the train flow reads, then pod 0 runs the flow run (the worker's
+    command) and every other pod follows it."""
+    shape = {
+        "TOKENLAKE_NNODES": str(args.nnodes),
+        "TOKENLAKE_NPROC_PER_NODE": str(args.nproc_per_node),
+        "TOKENLAKE_RDZV_ENDPOINT": args.rdzv_endpoint,
+        "TOKENLAKE_RDZV_ID": args.rdzv_id,
+    }
+    LaunchConfig(
+        nnodes=args.nnodes,
+        nproc_per_node=args.nproc_per_node,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
+    )  # a malformed template fails here, in one sentence, on every pod
+    os.environ.update(shape)
+    index = int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
+    if index > 0:
+        follow(Path(os.environ.get("TOKENLAKE_HOME", ".tokenlake")), args.rdzv_id, args.timeout)
+    command = [c for c in args.flow_command if c != "--"]
+    if not command:
+        raise SystemExit("pod 0 needs the flow run's command after --")
+    flow_run = subprocess.Popen(command)
+    for signum in (signal.SIGTERM, signal.SIGINT):  # an eviction reaches the flow run (Prefect decides)
+        signal.signal(signum, lambda received, _frame: flow_run.send_signal(received))
+    status = flow_run.wait()
+    return 0 if status == 0 else FLOW_FAILED_EXIT
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.launch",
+        description="the nodes of a multi-node job that the train flow launches",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    follower = commands.add_parser("follow", help="wait for the launch file, then run the same torchrun")
+    follower.add_argument("--home", type=Path, default=os.environ.get("TOKENLAKE_HOME", ".tokenlake"))
+    follower.add_argument("--rdzv-id", default=os.environ.get("TOKENLAKE_RDZV_ID"))
+    follower.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the launch file")
+    pod = commands.add_parser(
+        "pod", help="a pod of the Kubernetes job: pod 0 runs the flow, the others follow"
+    )
+    pod.add_argument("--nnodes", type=int, required=True)
+    pod.add_argument("--nproc-per-node", type=int, required=True)
+    pod.add_argument("--rdzv-endpoint", required=True)
+    pod.add_argument("--rdzv-id", required=True)
+    pod.add_argument("--timeout", type=float, default=3600.0, help="seconds a follower waits for pod 0")
+    pod.add_argument("flow_command", nargs=argparse.REMAINDER, help="-- the flow run's command (pod 0)")
+    args = parser.parse_args(argv)
+    if args.command == "pod":
+        return run_pod(args)
+    if not args.rdzv_id:
+        parser.error("--rdzv-id (or $TOKENLAKE_RDZV_ID) is required")
+    follow(args.home, args.rdzv_id, args.timeout)
     return 0
 
 
