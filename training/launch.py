@@ -14,8 +14,10 @@ becomes rank 0 after a restart, must see the newest checkpoint.
 
 The train flow is the launcher of one node; the other nodes follow it
 (``python -m training.launch follow``): each waits for the launch file the flow writes under
-``<home>/launch/<rdzv id>.json`` (the same shared storage) and starts the same command. This
-module never imports Prefect: it runs on nodes that have no flow.
+``<home>/launch/<rdzv id>.json`` (the same shared storage) and starts the same command. On
+Kubernetes every pod runs ``python -m training.launch pod`` (``deploy/kubernetes``): pod 0 runs
+the flow run, the others follow. This module never imports Prefect: it runs on nodes that have
+no flow.
 """
 
 from __future__ import annotations
