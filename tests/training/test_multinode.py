@@ -146,6 +146,15 @@ def assert_same_training(run: TrainConfig, reference: TrainConfig) -> None:
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+def mid_run(config: TrainConfig) -> bool:
+    """Step 10 logged and the step-8 checkpoint durable (the kills below land after both)."""
+    metrics = config.run_dir() / "metrics.jsonl"
+    marker = config.run_dir() / "checkpoints" / step_dir_name(8) / COMPLETE
+    return (
+        metrics.exists() and marker.exists() and any(r["step"] >= 10 for r in train_records(config.run_dir()))
+    )
+
+
 def test_two_nodes_train_exactly_like_one_node_with_two_processes(dataset, one_node):
     config = make_config(dataset, "two-nodes")
     job = TwoNodes(config)
@@ -157,17 +166,7 @@ def test_two_nodes_train_exactly_like_one_node_with_two_processes(dataset, one_n
 def test_a_killed_node_rejoins_and_the_job_resumes_through_max_restarts(dataset, one_node):
     config = make_config(dataset, "node-killed")
     job = TwoNodes(config, max_restarts=1)
-    metrics = config.run_dir() / "metrics.jsonl"
-    marker = config.run_dir() / "checkpoints" / step_dir_name(8) / COMPLETE
-
-    def mid_run() -> bool:  # step 10 logged and the step-8 checkpoint durable
-        return (
-            metrics.exists()
-            and marker.exists()
-            and any(r["step"] >= 10 for r in train_records(config.run_dir()))
-        )
-
-    wait_until(mid_run, "step 10 and a durable step-8 checkpoint", job.node0)
+    wait_until(lambda: mid_run(config), "step 10 and a durable step-8 checkpoint", job.node0)
     node0_workers = children(job.node0.pid)
     for pid in [*children(job.node1.pid), job.node1.pid]:  # node 1: its launcher and its worker
         os.kill(pid, signal.SIGKILL)
@@ -184,3 +183,23 @@ def test_a_killed_node_rejoins_and_the_job_resumes_through_max_restarts(dataset,
     assert resumes(config) == [(0, 2), (durable, 2)]
     assert_same_training(config, one_node)
     assert len(train_records(config.run_dir())) > config.steps  # steps after the checkpoint were replayed
+
+
+def test_killing_the_rendezvous_host_fails_the_job_and_a_relaunch_resumes_exactly(dataset, one_node):
+    """The node hosting the c10d store dies: the other cannot go on, so the job fails as a whole
+    (as the train flow's attempt would), and launching both again resumes from the newest
+    durable checkpoint, as the flow's retry does."""
+    config = make_config(dataset, "host-killed")
+    job = TwoNodes(config, max_restarts=1)
+    wait_until(lambda: mid_run(config), "step 10 and a durable step-8 checkpoint", job.node0)
+    for pid in [*children(job.node0.pid), job.node0.pid]:
+        os.kill(pid, signal.SIGKILL)
+    assert job.node0.wait(timeout=60) == -signal.SIGKILL
+    assert job.node1.wait(timeout=600) != 0  # the follower's torchrun gives up: no store to rejoin
+    durable = newest_durable_step(config)
+    assert durable is not None and durable >= 8
+
+    again = TwoNodes(config, max_restarts=1)  # the retry: the flow launches again, the follower follows
+    assert again.wait() == (0, 0), again.output()
+    assert resumes(config) == [(0, 2), (durable, 2)]
+    assert_same_training(config, one_node)
