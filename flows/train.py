@@ -106,8 +106,7 @@ class TrainParams(BaseModel):
             value = given if given is not None else from_env
             if value is not None:
                 fields[_LAUNCH_FIELD.get(field, field)] = value
-        nnodes = int(fields.get("nnodes", 1))
-        if nnodes > 1:
+        if int(fields.get("nnodes", 1)) > 1 or "rdzv_endpoint" in fields:
             fields.setdefault("rdzv_id", flow_run_id)
             fields["rdzv_is_host"] = True  # the flow's node hosts the store; the others follow it
         return LaunchConfig.model_validate(fields)

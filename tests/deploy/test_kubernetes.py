@@ -129,3 +129,15 @@ def test_a_pod_s_shape_reaches_the_train_flow_and_a_contradiction_fails_fast(mon
     assert "--rdzv-endpoint=tokenlake-train-x7k2p-0.tokenlake-train:29400" in args
     with pytest.raises(ValueError, match="nnodes=2 contradicts \\$TOKENLAKE_NNODES=4"):
         TrainParams(nnodes=2).launch_config("flow-run-id")
+
+
+def test_one_node_with_a_rendezvous_endpoint_still_hosts_it(monkeypatch):
+    """A one-pod job (nnodes=1) keeps the c10d rendezvous of the template: its only node hosts it."""
+    monkeypatch.setenv("TOKENLAKE_NNODES", "1")
+    monkeypatch.setenv("TOKENLAKE_RDZV_ENDPOINT", "tokenlake-train-ab12c-0.tokenlake-train:29400")
+    launch = TrainParams().launch_config("flow-run-id")
+    assert not launch.standalone and launch.rdzv_is_host is True and launch.rdzv_id == "flow-run-id"
+    assert "--rdzv-conf=is_host=true" in launch.torchrun_args()
+    monkeypatch.delenv("TOKENLAKE_NNODES")
+    monkeypatch.delenv("TOKENLAKE_RDZV_ENDPOINT")
+    assert TrainParams().launch_config("flow-run-id").torchrun_args()[0] == "--standalone"
