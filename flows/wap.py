@@ -49,10 +49,12 @@ def open_run_branch(repo: DataRepo, branch: str) -> str:
     """Create ``branch`` at main's head and return that commit id.
 
     A retried flow run (same id) may find its branch left by a killed attempt: it starts
-    over from main's head; the killed attempt's finished stages come back from the cache.
-    A repository that holds no dataset version yet first gets the publish guard on main
-    (:mod:`flows.publish_guard`), so that lakeFS and the local repository refuse ungated merges
-    from the start; an older repository gets it from ``tokenlake repo install-hooks``.
+    over from main's head, without the killed attempt's uncommitted writes (a hard reset
+    keeps them, as in lakeFS; no one else writes to a run's branch); the killed attempt's
+    finished stages come back from the cache. A repository that holds no dataset version yet
+    first gets the publish guard on main (:mod:`flows.publish_guard`), so that lakeFS and the
+    local repository refuse ungated merges from the start; an older repository gets it from
+    ``tokenlake repo install-hooks``.
     """
     if not any(tag.startswith(TAG_PREFIX) for tag in repo.list_tags()):
         publish_guard.install(repo, MAIN)
@@ -60,6 +62,7 @@ def open_run_branch(repo: DataRepo, branch: str) -> str:
         return repo.create_branch(branch, MAIN)
     except Conflict:
         head = repo.resolve(MAIN)
+        repo.discard_uncommitted(branch)
         repo.reset_hard(branch, head)
         return head
 
