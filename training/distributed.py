@@ -67,6 +67,11 @@ class DistContext:
         return out
 
 
+def elastic_restart_count() -> int:
+    """How many times torchrun's agents have restarted this job's workers (0 on the first start)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def use_cuda(preference: str = "auto") -> bool:
     """Whether a process with this device preference ("auto", "cuda" or "cpu") trains on CUDA."""
     if preference == "cpu":

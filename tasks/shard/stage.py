@@ -294,6 +294,7 @@ def run_shard_stage(
         "sources_without_shards": {s: v["reason"] for s, v in report.per_source.items() if v["reason"]},
     }
     metadata = {
+        "gate": "passed" if report.expectations.get("success") else "failed",  # as ingest and validate record it
         "tokenizer_sha256": tokenizer_info["sha256"],
         "tokenizer_origin": tokenizer_info["origin"],
         "manifest_sha256": manifest.sha256(),
