@@ -35,6 +35,7 @@ entries of presets not run this time). Last line, for the first preset:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import platform
@@ -139,7 +140,6 @@ def pick_micro_batch(args, config: TrainConfig, device: torch.device) -> tuple[i
         lambda: torch.autocast(device.type, dtype=dtype), args.memory_headroom,
     )  # fmt: skip
     del model
-    torch.cuda.empty_cache()
     return choice.micro_batch, choice.to_dict()
 
 
@@ -202,11 +202,18 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def full_run(config: TrainConfig, device: torch.device, warmup: int, window: int) -> dict:
-    """The trainer's own records, reduced to the timed window and the final save."""
+def release_memory(device: torch.device) -> None:
+    """Free what the previous run left (a trainer holds reference cycles), so each run starts
+    with the device memory the micro-batch was chosen for, and its peak is its own."""
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def full_run(config: TrainConfig, device: torch.device, warmup: int, window: int) -> dict:
+    """The trainer's own records, reduced to the timed window and the final save."""
+    release_memory(device)
     started = time.perf_counter()
     train(config)
     wall = time.perf_counter() - started
@@ -254,6 +261,7 @@ def measure_preset(args, preset: str, device: torch.device, home: Path) -> dict:
     micro_batch, probe = pick_micro_batch(args, base, device)
     base = base.model_copy(update={"micro_batch": micro_batch})
     print(f"[{preset}] micro-batch {micro_batch}; bare loop ...", flush=True)
+    release_memory(device)
     bare = bare_loop(base, device, args.warmup)
     print(f"[{preset}] steady trainer ...", flush=True)
     steady = full_run(base, device, args.warmup, args.window)
@@ -354,14 +362,13 @@ def main(argv: list[str] | None = None) -> int:
             entry = measure_preset(args, preset, device, Path(tmp))
         entries[preset] = entry
         write_results(args.out, header, {preset: entry})  # each preset is kept even if a later one fails
+        release_memory(device)
         print(f"gpu_train[{preset}]: {summary_line(entry)}", flush=True)
         print(f"  bare {entry['bare']['tokens_per_s']:.0f} tokens/s (mfu {pct(entry['bare']['mfu'])}%), "
               f"peak memory {entry['with_ckpt']['peak_memory_mb']:.0f} MB, data wait "
               f"{100 * entry['with_ckpt']['data_wait_share']:.2f}%, saves at {entry['with_ckpt']['saves_in_window']} "
               f"stalled {entry['with_ckpt']['stall_ms']} ms, final save {entry['steady']['final_save_ms']} ms",
               flush=True)  # fmt: skip
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     print(f"gpu_train: {summary_line(entries[presets[0]])}")
     return 0
 

@@ -305,6 +305,11 @@ class CheckpointManager:
         stream then waits for a staging copy still reading it; elsewhere a no-op."""
         self.staging.fence()
 
+    def close(self) -> None:
+        """Finish the save in flight, then give the staging buffers back (a run's end)."""
+        self.wait()
+        self.staging.release()
+
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()

@@ -158,6 +158,12 @@ class HostStaging:
         self._unfenced = ready
         return StagedState(staged_tree, nbytes, ready, [source for source, _ in copies])
 
+    def release(self) -> None:
+        """Give the buffers back (unlocked and unmapped) and drop the stream; the next stage starts afresh."""
+        self._arena = None
+        self._stream = None
+        self._unfenced = None
+
     def fence(self) -> None:
         """Make the compute stream wait (on the GPU, not the host) for copies still reading the state.
 

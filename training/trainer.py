@@ -206,7 +206,8 @@ class Trainer:
         )
         # A checkpoint being staged reads the parameters and the optimizer state on a side
         # stream; the optimizer step must not change them before that copy is done.
-        self.optimizer.register_step_pre_hook(lambda *_: self.checkpoints.fence())
+        checkpoints = self.checkpoints
+        self.optimizer.register_step_pre_hook(lambda *_: checkpoints.fence())
         self.faults = FaultInjector(
             config.faults, self.run_dir, dist.gather(os.getpid()), dist.is_main, settle=self.checkpoints.wait
         )
@@ -642,7 +643,7 @@ class Trainer:
             self.samples_log = None
         if self.dist.is_main:
             draining = time.perf_counter()
-            self.checkpoints.wait()
+            self.checkpoints.close()
             if self.metrics:  # the last save's writing, after the last step: not step time
                 self.metrics.write(
                     {
