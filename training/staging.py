@@ -64,6 +64,8 @@ class _Arena:
 
     def __init__(self, layout: tuple[tuple[tuple, int], ...], pinned: bool):
         self.layout = layout
+        self.views: dict[tuple, torch.Tensor] = {}  # staged tensors over the buffers, by path and shape
+        self.source_bytes: dict[tuple, torch.Tensor] = {}  # the last save's sources as flat bytes
         offsets, total = [], 0
         for _, size in layout:
             offsets.append(total)
@@ -117,31 +119,50 @@ class HostStaging:
     def stage(self, tree: Any) -> StagedState:
         """Start copying ``tree`` into the buffers; returns at once on CUDA (the copy runs on a side stream)."""
         # pass 1: the distinct source storages, each under the path of its first tensor (its slot)
-        sources: dict[tuple, tuple[tuple, torch.UntypedStorage, torch.device]] = {}
-
-        def note(tensor: torch.Tensor, path: tuple) -> torch.Tensor:
-            key = _storage_key(tensor, path)
+        key_of: dict[tuple, tuple] = {}  # a tensor's path -> its storage's key
+        sources: dict[tuple, tuple[tuple, torch.Tensor]] = {}  # storage key -> (slot, first tensor)
+        for path, tensor in _tensors(tree, ()):
+            key = key_of[path] = _storage_key(tensor, path)
             if key not in sources:
-                sources[key] = (path, tensor.untyped_storage(), tensor.device)
-            return tensor
-
-        _rebuild(tree, (), note, {})
-        layout = tuple((slot, storage.nbytes()) for slot, storage, _ in sources.values())
+                sources[key] = (path, tensor)
+        layout = tuple((slot, tensor.untyped_storage().nbytes()) for slot, tensor in sources.values())
         if self._arena is None or self._arena.layout != layout:
             self._arena = None  # unlock and unmap the old arena before mapping a new one
             self._arena = _Arena(layout, self.pinned)
-        buffers = self._arena.buffers
+        arena = self._arena
 
-        # pass 2: the same tree, every tensor a view of its storage's buffer
+        # pass 2: the same tree, every tensor a view of its storage's buffer. The views, and the
+        # byte views of the sources, stay with the arena: the next save of the same state reuses them.
         def stage_tensor(tensor: torch.Tensor, path: tuple) -> torch.Tensor:
-            slot = sources[_storage_key(tensor, path)][0]
-            staged = torch.empty(0, dtype=tensor.dtype).set_(
-                buffers[slot].untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride()
+            shape = (
+                path,
+                tensor.dtype,
+                tensor.storage_offset(),
+                tensor.size(),
+                tensor.stride(),
+                tensor.requires_grad,
             )
-            return staged.requires_grad_(tensor.requires_grad)
+            staged = arena.views.get(shape)
+            if staged is None:
+                slot = sources[key_of[path]][0]
+                staged = torch.empty(0, dtype=tensor.dtype).set_(
+                    arena.buffers[slot].untyped_storage(),
+                    tensor.storage_offset(),
+                    tensor.size(),
+                    tensor.stride(),
+                )
+                arena.views[shape] = staged.requires_grad_(tensor.requires_grad)
+            return staged
 
         staged_tree = _rebuild(tree, (), stage_tensor, {})
-        copies = [(_bytes_of(storage, device), buffers[slot]) for slot, storage, device in sources.values()]
+        source_bytes = {}
+        for key, (_, tensor) in sources.items():
+            cached = arena.source_bytes.get(key)
+            source_bytes[key] = (
+                cached if cached is not None else _bytes_of(tensor.untyped_storage(), tensor.device)
+            )
+        arena.source_bytes = source_bytes  # only this save's: a storage no longer staged is let go
+        copies = [(source_bytes[key], arena.buffers[slot]) for key, (slot, _) in sources.items()]
         nbytes = sum(size for _, size in layout)
         if not self.pinned:
             for source, buffer in copies:
@@ -183,6 +204,18 @@ def _storage_key(tensor: torch.Tensor, path: tuple) -> tuple:
     storage = tensor.untyped_storage()
     size = storage.nbytes()
     return (str(tensor.device), storage.data_ptr(), size) if size else ("empty", path)
+
+
+def _tensors(obj: Any, path: tuple):
+    """(path, tensor) of every tensor in a state tree, in the order ``_rebuild`` meets them."""
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _tensors(value, (*path, key))
+    elif isinstance(obj, list | tuple):
+        for i, value in enumerate(obj):
+            yield from _tensors(value, (*path, i))
 
 
 def _rebuild(

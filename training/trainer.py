@@ -71,10 +71,10 @@ from training.runstate import (
     set_rng_state,
 )
 from training.stability import Rollback, SpikeDetector
+from training.statedicts import UnshardedStateDicts
 from versioning import open_repo
 
 _FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # fresh CPU copies (FSDP gathers)
-_LIVE_STATE = StateDictOptions(full_state_dict=True)  # the live tensors, for host staging
 _PAYLOAD = ("model.pt", "optim.pt", "state.pt")
 
 
@@ -157,6 +157,7 @@ class Trainer:
             fused=self.device.type == "cuda" and config.perf.fused_optimizer,
         )
         self.schedule = WarmupCosine(config.optim, config.steps)
+        self.live_state_dicts = UnshardedStateDicts(self.raw_model, self.optimizer)  # for host staging
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.loader = Loader(
             self.dataset,
@@ -291,8 +292,10 @@ class Trainer:
         return self.cfg.checkpoint.async_save and not self.sharded
 
     def _state_for_checkpoint(self) -> tuple[dict, dict]:
-        options = _LIVE_STATE if self._stages_live_state() else _FULL_STATE
-        model_state, optim_state = get_state_dict(self.raw_model, self.optimizer, options=options)
+        if self._stages_live_state():
+            model_state, optim_state = self.live_state_dicts()
+        else:
+            model_state, optim_state = get_state_dict(self.raw_model, self.optimizer, options=_FULL_STATE)
         rng = self.dist.gather(rng_state(self.device))
         tensors = {
             "model.pt": model_state,
