@@ -44,12 +44,10 @@ from flows.caching import (
 )
 from flows.params import CurateParams
 from flows.wap import ChainLink, PublishRecord, published_record, run_branch
+from formats import layout
 from tasks.io import StageResult
 from tasks.runtime import retry_transient
-from versioning import data_home, open_repo
-
-STAGES = ["ingest", "validate", "dedup", "shard", "mix"]
-
+from versioning import default_repo_spec, open_repo
 
 IO_RETRIES: dict[str, Any] = {
     "retries": 4,
@@ -94,7 +92,7 @@ class RunChain:
         flow_run_id = str(get_run_context().flow_run.id)
         register_process(flow_run_id)
         return cls(
-            repo_spec=repository_spec(params.repository.spec),
+            repo_spec=params.repository.spec or default_repo_spec(),
             branch=run_branch(flow_run_id),
             flow_run_id=flow_run_id,
             results_dir=results_dir(params.repository.results),
@@ -106,7 +104,7 @@ class RunChain:
         """The run branch exists at ``head`` (main's head when the run started)."""
         self.previous = published_version_at(self.repo_spec, head)
         self.on_published_chain = self.previous is not None
-        self.progress = RunProgress(STAGES)
+        self.progress = RunProgress(layout.STAGES)
 
     @property
     def results(self) -> dict[str, StageResult]:
@@ -163,7 +161,7 @@ def plan_stage(
     cached = cached_stage_result(results, key)
     if published is not None and published.key == key:
         if cached is None or cached.commit_id != published.commit:
-            report = json.loads(repo.get(published.commit, f"reports/{stage}.json"))
+            report = json.loads(repo.get(published.commit, layout.report_path(stage)))
             seed_stage_result(results, key, StageResult(stage, published.commit, report))
         return key, "in-place"
     if cached is None:
@@ -171,8 +169,3 @@ def plan_stage(
     if commit_exists(repo, cached.commit_id) and repo.is_ancestor(repo.resolve(branch), cached.commit_id):
         return key, "fast-forward"
     return key, "refresh"
-
-
-def repository_spec(configured: str | None) -> str:
-    """The repository a run uses: configured, else ``$TOKENLAKE_REPO``, else ``<data home>/repo``."""
-    return configured or os.environ.get("TOKENLAKE_REPO") or str(data_home() / "repo")

@@ -23,6 +23,7 @@ from flows.artifacts import SummaryLinks, stages_table, summary
 from flows.chain import IO_RETRIES, RunChain
 from flows.params import CurateParams, GateConfig, check_ready
 from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish
+from formats import layout
 from tasks.dedup.task import dedup_task
 from tasks.ingest.task import ingest_task
 from tasks.io import StageResult, config_hash
@@ -165,15 +166,16 @@ def publish_task(
 def summary_links(repo_spec: str, tag: str, lakefs_ui: str | None) -> SummaryLinks:
     """Where to look: each stage's Data Docs (lakeFS UI pages, or local copies) and the lakeFS UI."""
     repo = open_repo(repo_spec, create=False)
-    stages = sorted({o.path.split("/")[2] for o in repo.list(tag, "reports/data_docs/") if o.path.endswith("/index.html")})
+    docs = f"{layout.DATA_DOCS}/"
+    stages = sorted({o.path.removeprefix(docs).split("/")[0] for o in repo.list(tag, docs) if o.path.endswith("/index.html")})
     if repo_spec.startswith("lakefs://"):
         ui = lakefs_ui or getattr(repo, "endpoint", "")
         name = repo_spec.removeprefix("lakefs://").strip("/")
-        docs = {s: f"{ui}/repositories/{name}/object?ref={tag}&path=reports/data_docs/{s}/index.html" for s in stages}
-        return SummaryLinks(data_docs=docs, lakefs_ui=ui, repository=name)
+        pages = {s: f"{ui}/repositories/{name}/object?ref={tag}&path={layout.data_docs_folder(s)}/index.html" for s in stages}
+        return SummaryLinks(data_docs=pages, lakefs_ui=ui, repository=name)
     target = data_home() / "data-docs" / tag  # browsers open local files, not repository objects
-    for stat in repo.list(tag, "reports/data_docs/"):
-        path = target / stat.path.removeprefix("reports/data_docs/")
+    for stat in repo.list(tag, docs):
+        path = target / stat.path.removeprefix(docs)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(repo.get(tag, stat.path))
     return SummaryLinks(data_docs={s: (target / s / "index.html").as_uri() for s in stages}, repository=repo_spec)

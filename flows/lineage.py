@@ -36,35 +36,21 @@ from typing import Any
 import numpy as np
 
 from flows.wap import PublishRecord
+from formats import layout
+from formats.layout import LINEAGE_BRANCH
 from formats.mix import MixPlan
 from formats.shards import Manifest
 from training.checkpoint import META
-from training.data import MANIFEST_PATH, MIX_PATH, batch_positions, train_sequence_counts
-from training.lineage import LINEAGE_BRANCH
+from training.data import batch_positions, train_sequence_counts
 from versioning import DataRepo, NotFound
 
-RUNS_PREFIX = "runs/"
-ROLLBACK_RECORDS = "runs/_rollbacks/"
-CURATE_STAGES = ("ingest", "validate", "dedup", "shard", "mix")
 READ_WORKERS = 16  # records are small; on lakeFS each read is one HTTP round trip
 
-_CHECKPOINT = re.compile(r"^runs/(?P<run>[^/_][^/]*)/checkpoints/step-(?P<step>\d+)\.json$")
-_EVENT = re.compile(r"^runs/(?P<run>[^/_][^/]*)/events/(?P<kind>[a-z-]+)-step-(?P<step>\d+)\.json$")
-_TAINT = re.compile(r"^runs/(?P<run>[^/_][^/]*)/taints/step-(?P<step>\d+)\.json$")
-_ROLLBACK = re.compile(r"^runs/_rollbacks/(?P<tag>[^/]+)\.json$")
 CHECKPOINT_REF = re.compile(r"^(?P<run>[A-Za-z0-9][A-Za-z0-9._-]{0,99})@(?P<step>\d+)$")
 
 
 class LineageError(ValueError):
     """A lineage question that cannot be answered; the message says what to give instead."""
-
-
-def taint_record_path(run: str, step: int) -> str:
-    return f"runs/{run}/taints/step-{step:07d}.json"
-
-
-def rollback_record_path(tag: str) -> str:
-    return f"{ROLLBACK_RECORDS}{tag}.json"
 
 
 @dataclass(frozen=True)
@@ -172,18 +158,18 @@ def read_lineage(repo: DataRepo, run: str | None = None, select: StepSelector | 
         commit = repo.resolve(LINEAGE_BRANCH)
     except NotFound:
         return LineageIndex(None, [], [], [])
-    prefixes = [f"{RUNS_PREFIX}{run}/", ROLLBACK_RECORDS] if run else [RUNS_PREFIX]
+    prefixes = [f"{layout.run_records(run)}/", f"{layout.ROLLBACK_RECORDS}/"] if run else [f"{layout.RUNS}/"]
     paths = [stat.path for prefix in prefixes for stat in repo.list(commit, prefix)]
-    checkpoint_paths = {_run_step(m): p for p in paths if (m := _CHECKPOINT.match(p))}
+    checkpoint_paths = {_run_step(m): p for p in paths if (m := layout.CHECKPOINT_RECORD.match(p))}
     listed: dict[str, list[int]] = {}
     for run_name, step in sorted(checkpoint_paths):
         listed.setdefault(run_name, []).append(step)
     if select is not None:
         chosen = {(name, step) for name, steps in listed.items() for step in select(steps)}
         checkpoint_paths = {key: p for key, p in checkpoint_paths.items() if key in chosen}
-    taint_paths = {_run_step(m): p for p in paths if (m := _TAINT.match(p))}
-    event_paths = [p for p in paths if _EVENT.match(p)]
-    rollback_paths = [p for p in paths if _ROLLBACK.match(p)]
+    taint_paths = {_run_step(m): p for p in paths if (m := layout.TAINT_RECORD.match(p))}
+    event_paths = [p for p in paths if layout.EVENT_RECORD.match(p)]
+    rollback_paths = [p for p in paths if layout.ROLLBACK_RECORD.match(p)]
     wanted = [*checkpoint_paths.values(), *taint_paths.values(), *event_paths, *rollback_paths]
     body = dict(zip(wanted, read_json_objects(repo, commit, wanted), strict=True))
 
@@ -193,7 +179,7 @@ def read_lineage(repo: DataRepo, run: str | None = None, select: StepSelector | 
     ]
     events = []
     for path in event_paths:
-        match = _EVENT.match(path)
+        match = layout.EVENT_RECORD.match(path)
         assert match is not None
         events.append({"run": match["run"], "kind": match["kind"], "step": int(match["step"]), **body[path]})
     rollbacks = sorted((body[p] for p in rollback_paths), key=lambda r: r.get("created", 0.0))
@@ -306,7 +292,7 @@ def _stage_chain(repo: DataRepo, commit_id: str) -> tuple[StageCommit, ...]:
     """An unpublished commit of a curate run: its stage commits, found by walking first parents."""
     found = []
     commit = repo.get_commit(commit_id)
-    while commit.metadata.get("stage") in CURATE_STAGES:
+    while commit.metadata.get("stage") in layout.STAGES:
         found.append(_stage_commit(repo, commit.metadata["stage"], commit.id))
         if not commit.parents:
             break
@@ -320,7 +306,7 @@ def _sources(repo: DataRepo, stages: tuple[StageCommit, ...]) -> tuple[dict[str,
     if ingest is None:
         return ()
     try:
-        report = json.loads(repo.get(ingest.commit, "reports/ingest.json"))
+        report = json.loads(repo.get(ingest.commit, layout.report_path("ingest")))
     except NotFound:
         return ()
     configured = (report.get("extra") or {}).get("sources")
@@ -442,8 +428,8 @@ def step_positions(repo: DataRepo, checkpoint: CheckpointRecord, step: int) -> l
     covering = min((c for c in run if c.step >= step), key=lambda c: c.step, default=checkpoint)
     order = checkpoint.record.get("sample_order") or _sample_order(training_config(checkpoint))
     global_batch = int(order["global_batch"])
-    plan = MixPlan.from_json(repo.get(covering.data_commit, MIX_PATH))
-    manifest = Manifest.from_json(repo.get(covering.data_commit, MANIFEST_PATH))
+    plan = MixPlan.from_json(repo.get(covering.data_commit, layout.MIX))
+    manifest = Manifest.from_json(repo.get(covering.data_commit, layout.MANIFEST))
     space = _SampleSpace(plan, train_sequence_counts(plan, float(order["heldout_fraction"])))
     # Skipped windows only grow, and each lies past the checkpoint it was added at, so the
     # covering checkpoint's list is the one that held for every step up to it.

@@ -16,18 +16,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flows.lineage import (
-    CheckpointRecord,
-    LineageIndex,
-    TaintMark,
+from flows.lineage import CheckpointRecord, LineageIndex, TaintMark, training_config
+from flows.wap import PublishBusy, publish_in_progress, publish_lock, tags_of
+from formats.layout import (
+    LINEAGE_BRANCH,
+    MAIN,
+    checkpoint_record_path,
+    event_record_path,
     rollback_record_path,
     taint_record_path,
-    training_config,
 )
-from flows.wap import MAIN, PublishBusy, publish_in_progress, publish_lock, tags_of
 from tasks.io import tokenlake_version
 from training.checkpoint import CheckpointError, step_dir_name, verify_checkpoint
-from training.lineage import LINEAGE_BRANCH, checkpoint_record_path, event_record_path
 from versioning import Conflict, DataRepo, MergeConflict, NoChanges, NotFound, RepoError
 
 ROLLBACK_TAG_PREFIX = "rollback-"

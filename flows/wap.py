@@ -22,12 +22,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
+from formats import layout
+from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX
 from tasks.io import tokenlake_version
 from versioning import Commit, Conflict, DataRepo, NoChanges, NotFound
 
-MAIN = "main"
-RUN_BRANCH_PREFIX = "curate-"
-PUBLISH_LOCK_BRANCH = "lock-publish"
 TAG_PREFIX = "ds-"
 PUBLISH_STAGE = "publish"
 
@@ -251,7 +250,7 @@ def list_versions(repo: DataRepo) -> list[DatasetVersion]:
 
 def _tokens_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
     try:
-        manifest = json.loads(repo.get(ref, "shards/manifest.json"))
+        manifest = json.loads(repo.get(ref, layout.MANIFEST))
     except NotFound:
         return {}
     return {source: int(stats.get("tokens", 0)) for source, stats in sorted(manifest.get("sources", {}).items())}
@@ -260,7 +259,7 @@ def _tokens_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
 def _documents_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
     """Documents that reached the shards: the dedup stage's kept count per source."""
     try:
-        report = json.loads(repo.get(ref, "reports/dedup.json"))
+        report = json.loads(repo.get(ref, layout.report_path("dedup")))
     except NotFound:
         return {}
     return {source: int(stats.get("kept", 0)) for source, stats in sorted(report.get("per_source", {}).items())}

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from formats import layout
 from versioning import DataRepo, validate_path
 
 DOCUMENT_SCHEMA = pa.schema(
@@ -139,7 +140,7 @@ class PartWriter:
         return self.paths
 
     def _flush(self, table: pa.Table) -> None:
-        path = f"{self.prefix}/part-{len(self.paths):05d}.parquet"
+        path = f"{self.prefix}/{layout.part_name(len(self.paths))}"
         with tempfile.NamedTemporaryFile(suffix=".parquet", delete=False) as tmp:
             tmp_path = tmp.name
         try:
@@ -222,7 +223,7 @@ def commit_stage(
 ) -> str:
     """Write ``reports/<stage>.json`` and commit the stage; returns the commit id."""
     report.check_balance()
-    put_json(repo, branch, f"reports/{report.stage}.json", report.to_dict())
+    put_json(repo, branch, layout.report_path(report.stage), report.to_dict())
     meta = stage_metadata(report.stage, stage_config_hash, input_commit, flow_run_id, report) | (metadata or {})
     # allow_empty: a retried stage may rewrite byte-identical outputs, and every stage still
     # ends in its own commit (the next stage's input, and the stage's cache entry)

@@ -15,6 +15,7 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.context import TaskRunContext
 
+from formats import layout
 from formats.mix import MixPlan, MixSpec, resolve_mix
 from formats.shards import Manifest
 from tasks.io import StageReport, StageResult, commit_stage, config_hash
@@ -22,8 +23,6 @@ from tasks.runtime import STAGE_RETRIES, stage_logger
 from versioning import DataRepo, NotFound, open_repo
 
 STAGE = "mix"
-MANIFEST_PATH = "shards/manifest.json"
-MIX_PATH = "mix.json"
 
 
 def run_mix_stage(
@@ -31,11 +30,11 @@ def run_mix_stage(
 ) -> StageResult:
     started = time.perf_counter()
     try:
-        manifest = Manifest.from_json(repo.get(input_commit, MANIFEST_PATH))
+        manifest = Manifest.from_json(repo.get(input_commit, layout.MANIFEST))
     except NotFound:
-        raise ValueError(f"no {MANIFEST_PATH} at commit {input_commit}; run the shard stage first") from None
+        raise ValueError(f"no {layout.MANIFEST} at commit {input_commit}; run the shard stage first") from None
     plan = resolve_mix(config, manifest.sources, manifest.seq_len)
-    repo.put(branch, MIX_PATH, plan.to_json().encode())
+    repo.put(branch, layout.MIX, plan.to_json().encode())
 
     report = StageReport(stage=STAGE, tokens=plan.total_tokens)
     report.per_source = source_rows(plan)

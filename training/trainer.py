@@ -27,6 +27,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from formats.layout import checkpoint_record_path, event_record_path
 from training.checkpoint import (
     CheckpointInfo,
     CheckpointManager,
@@ -40,7 +41,7 @@ from training.data import Loader, ShardCache, describe_samples, open_dataset
 from training.distributed import DistContext, close_distributed, init_distributed
 from training.errors import TrainingError
 from training.faults import FaultInjector
-from training.lineage import LineageWriter, checkpoint_record_path, event_record_path
+from training.lineage import LineageWriter
 from training.metrics import (
     MetricsLog,
     peak_flops,
@@ -61,7 +62,7 @@ from training.runstate import (
     set_rng_state,
 )
 from training.stability import Rollback, SpikeDetector
-from versioning import open_repo
+from versioning import default_repo_spec, open_repo
 
 _FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 _PAYLOAD = ("model.pt", "optim.pt", "state.pt")
@@ -93,7 +94,7 @@ class Trainer:
             (self.run_dir / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
 
         # data: bind to the commit, fill and verify the shard cache (one process per machine)
-        repo_spec = config.repo or os.environ.get("TOKENLAKE_REPO") or str(config.home_dir() / "repo")
+        repo_spec = config.repo or default_repo_spec()
         repo = open_repo(repo_spec, create=False)
         commit = dist.broadcast(repo.resolve(config.commit) if dist.is_main else None)
         self.binding, self.dataset = open_dataset(

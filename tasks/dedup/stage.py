@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from formats import layout
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.index import load_published, next_run_folder, write_index_run
 from tasks.dedup.plan import STAGE, apply_plan, plan_dedup
@@ -29,8 +30,8 @@ from tasks.io import (
 )
 from versioning import DataRepo
 
-INPUT_PREFIX = "filtered"
-OUTPUT_PREFIX = "dedup"
+INPUT_PREFIX = layout.FILTERED
+OUTPUT_PREFIX = layout.DEDUP
 
 
 def run_dedup_stage(
@@ -42,21 +43,21 @@ def run_dedup_stage(
         raise ValueError(
             f"no documents under {INPUT_PREFIX}/ at commit {input_commit}; run the validate stage first"
         )
-    parts = [(s, path) for s in sources for path in list_parts(repo, input_commit, f"{INPUT_PREFIX}/{s}")]
+    parts = [(s, path) for s in sources for path in list_parts(repo, input_commit, layout.source_folder(INPUT_PREFIX, s))]
     published = load_published(repo, input_commit, config)
     index_run = next_run_folder(repo, input_commit, config)
 
     plan = plan_dedup((read_part(repo, input_commit, path) for _, path in parts), config, published)
 
-    for prefix in (OUTPUT_PREFIX, f"quarantine/{STAGE}", index_run):
+    for prefix in (OUTPUT_PREFIX, layout.quarantine_folder(STAGE), index_run):
         clear_prefix(repo, branch, prefix)
     report = StageReport(stage=STAGE)
     start = 0
     for source in sources:
         counts: dict[str, Any] = {"documents_in": 0, "kept": 0, "rejected": {}}
         with (
-            PartWriter(repo, branch, f"{OUTPUT_PREFIX}/{source}") as kept_writer,
-            PartWriter(repo, branch, f"quarantine/{STAGE}/{source}") as quarantine_writer,
+            PartWriter(repo, branch, layout.source_folder(OUTPUT_PREFIX, source)) as kept_writer,
+            PartWriter(repo, branch, layout.quarantine_folder(STAGE, source)) as quarantine_writer,
         ):
             for _, path in (p for p in parts if p[0] == source):
                 table = read_part(repo, input_commit, path)

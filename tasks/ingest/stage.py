@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from formats import layout
 from tasks.ingest.config import ConfigError, IngestConfig
 from tasks.ingest.documents import STAGE
 from tasks.ingest.partitions import plan_partitions
@@ -47,7 +48,7 @@ def run_ingest(
     plans = {source.name: plan_partitions(source, config) for source in config.sources}  # fails fast
 
     with Stopwatch() as clock:
-        for prefix in ("raw", f"quarantine/{STAGE}", f"reports/data_docs/{STAGE}"):
+        for prefix in (layout.RAW, layout.quarantine_folder(STAGE), layout.data_docs_folder(STAGE)):
             clear_prefix(repo, branch, prefix)
         report = StageReport(stage=STAGE)
         sample = DocumentSample(config.gate.max_rows if config.gate.enabled else 0, GATE_COLUMNS)
@@ -55,9 +56,9 @@ def run_ingest(
         for source in config.sources:
             counts = {"documents_in": 0, "kept": 0, "rejected": {}}
             with (
-                PartWriter(repo, branch, f"raw/{source.name}", config.rows_per_part) as kept_writer,
+                PartWriter(repo, branch, layout.source_folder(layout.RAW, source.name), config.rows_per_part) as kept_writer,
                 PartWriter(
-                    repo, branch, f"quarantine/{STAGE}/{source.name}", config.rows_per_part
+                    repo, branch, layout.quarantine_folder(STAGE, source.name), config.rows_per_part
                 ) as quarantine_writer,
             ):
                 for _, kept, quarantined in run_partitions(source, plans[source.name], config):

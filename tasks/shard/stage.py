@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from formats import layout
 from formats.shards import Manifest, ShardEntry, dtype_for_vocab
 from tasks.io import (
     PartWriter,
@@ -41,12 +42,12 @@ from tasks.io import (
 from tasks.shard.config import ShardConfig
 from tasks.shard.gate import gate_manifest
 from tasks.shard.pack import INVALID_WEIGHT, Packer, RowSpill, repeat_counts, with_eod
-from tasks.tokenize import TOKENIZER_PATH, Encoder, TokenizerError, TrainingSample, train_tokenizer
+from tasks.tokenize import Encoder, TokenizerError, TrainingSample, train_tokenizer
 from tasks.tokenize import tokenizer_sha256 as sha256_of_tokenizer
 from versioning import DataRepo, NotFound
 
 STAGE = "shard"
-INPUT_PREFIX = "dedup"
+INPUT_PREFIX = layout.DEDUP
 REQUIRED_COLUMNS = ("id", "text")
 Progress = Callable[[float], None]  # fraction of the input parts done, 0..1
 
@@ -177,10 +178,10 @@ def prepare_tokenizer(
         ref = config.reuse_tokenizer_from
         try:
             commit = repo.resolve(ref)
-            tokenizer_json = repo.get(commit, TOKENIZER_PATH).decode()
+            tokenizer_json = repo.get(commit, layout.TOKENIZER).decode()
         except NotFound as exc:
             raise TokenizerError(
-                f"reuse_tokenizer_from={ref!r}: no {TOKENIZER_PATH} there ({exc}); name a dataset ref that has one"
+                f"reuse_tokenizer_from={ref!r}: no {layout.TOKENIZER} there ({exc}); name a dataset ref that has one"
             ) from exc
         info: dict[str, Any] = {"origin": "reused", "reused_from": ref, "reused_commit": commit}
     else:
@@ -199,14 +200,14 @@ def prepare_tokenizer(
             "sample_documents": len(texts),
             "sample_bytes": sample.sample_bytes,
         }
-    repo.put(branch, TOKENIZER_PATH, tokenizer_json.encode())
+    repo.put(branch, layout.TOKENIZER, tokenizer_json.encode())
     return tokenizer_json, info | {"sha256": sha256_of_tokenizer(tokenizer_json)}
 
 
 def _read_source(
     repo: DataRepo, ref: str, source: str, on_part: Callable[[], None] | None = None
 ) -> Iterator[pa.Table]:
-    for path in list_parts(repo, ref, f"{INPUT_PREFIX}/{source}"):
+    for path in list_parts(repo, ref, layout.source_folder(INPUT_PREFIX, source)):
         table = read_part(repo, ref, path)
         missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
@@ -231,11 +232,11 @@ def run_shard_stage(
         raise ValueError(
             f"no documents under {INPUT_PREFIX}/ at commit {input_commit}; run the dedup stage first"
         )
-    for prefix in ("shards", "tokenizer", f"quarantine/{STAGE}"):
+    for prefix in (layout.SHARDS, layout.TOKENIZER_FOLDER, layout.quarantine_folder(STAGE)):
         clear_prefix(repo, branch, prefix)
 
     tokenizer_json, tokenizer_info = prepare_tokenizer(repo, branch, input_commit, sources, config)
-    total_parts = sum(len(list_parts(repo, input_commit, f"{INPUT_PREFIX}/{s}")) for s in sources)
+    total_parts = sum(len(list_parts(repo, input_commit, layout.source_folder(INPUT_PREFIX, s))) for s in sources)
     parts_done = 0
 
     def part_done() -> None:
@@ -259,7 +260,7 @@ def run_shard_stage(
 
             source_started = time.perf_counter()
             spill = RowSpill(Path(work) / f"{source}.rows", config.seq_len + 1, dtype)
-            with PartWriter(repo, branch, f"quarantine/{STAGE}/{source}") as quarantine:
+            with PartWriter(repo, branch, layout.quarantine_folder(STAGE, source)) as quarantine:
                 try:
                     outcome = pack_source(source, read_tables, encoder, config, spill, quarantine.write)
                 except BaseException:
@@ -279,7 +280,7 @@ def run_shard_stage(
         )
     report.tokens = manifest.totals["tokens"]
     report.expectations = gate_manifest(manifest)  # raises ShardGateError on failure
-    repo.put(branch, "shards/manifest.json", manifest.to_json().encode())
+    repo.put(branch, layout.MANIFEST, manifest.to_json().encode())
     report.seconds = round(time.perf_counter() - started, 3)
     text_bytes = sum(s["text_bytes"] for s in report.per_source.values())
     report.extra = {
@@ -310,8 +311,8 @@ def _store_shards(
     out_dir = work / source
     out_dir.mkdir()
     entries = []
-    for shard in spill.write_shards(out_dir, eod, config.max_sequences_per_shard):
-        name = f"shards/{source}/{shard.path.name}"
+    for index, shard in enumerate(spill.write_shards(out_dir, eod, config.max_sequences_per_shard)):
+        name = layout.shard_path(source, index)
         repo.put(branch, name, str(shard.path))
         shard.path.unlink()
         entries.append(

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from expectations import load_suite
+from formats import layout
 from tasks.io import StageReport, clear_prefix, put_json
 from versioning import DataRepo
 
@@ -204,7 +205,7 @@ def run_gate(checks: Iterable[GateCheck], docs_dir: Path | None = None) -> GateO
 def publish_data_docs(repo: DataRepo, branch: str, stage: str, docs_dir: Path) -> list[str]:
     """Put the Data Docs pages (HTML, styles, favicon; not GX's unused images and fonts)
     under ``reports/data_docs/<stage>/`` on ``branch``."""
-    prefix = f"reports/data_docs/{stage}"
+    prefix = layout.data_docs_folder(stage)
     clear_prefix(repo, branch, prefix)
     paths = []
     for path in sorted(docs_dir.rglob("*")):
@@ -234,9 +235,9 @@ def gate_stage(
         "documents_checked": min(sample.total, max_rows),
     }
     publish_data_docs(repo, branch, stage, docs_dir)
-    report.extra["data_docs"] = f"reports/data_docs/{stage}/index.html"
+    report.extra["data_docs"] = f"{layout.data_docs_folder(stage)}/index.html"
     if not outcome.success:
-        put_json(repo, branch, f"reports/{stage}.json", report.to_dict())
+        put_json(repo, branch, layout.report_path(stage), report.to_dict())
         outcome.raise_if_failed(stage)
     shutil.rmtree(docs_dir, ignore_errors=True)
     return outcome

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from formats import layout
 from tasks.ingest.config import ConfigError
 from tasks.io import (
     DOCUMENT_SCHEMA,
@@ -44,7 +45,7 @@ from tasks.validate.gates import (
 from versioning import DataRepo, NotFound
 
 log = logging.getLogger(__name__)
-MODEL_PATH = "reports/quality_classifier.npz"
+MODEL_PATH = layout.QUALITY_CLASSIFIER
 GATE_COLUMNS = ["id", "source", "text", "locator", "meta", *(f.name for f in SIGNAL_FIELDS)]
 GATE_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, *SIGNAL_FIELDS, pa.field("text_chars", pa.int64())])
 
@@ -56,10 +57,10 @@ class ValidateConfigError(ConfigError):
 def read_sources(repo: DataRepo, input_commit: str) -> dict[str, dict[str, Any]]:
     """Source name -> {kind, reference, kept} as the ingest stage recorded them."""
     try:
-        ingest = json.loads(repo.get(input_commit, "reports/ingest.json"))
+        ingest = json.loads(repo.get(input_commit, layout.report_path("ingest")))
     except NotFound:
         raise ValidateConfigError(
-            f"input commit {input_commit[:12]} has no reports/ingest.json; run the ingest stage first"
+            f"input commit {input_commit[:12]} has no {layout.report_path('ingest')}; run the ingest stage first"
         ) from None
     return {
         name: {"kind": s["kind"], "reference": s["reference"], "kept": s["kept"]}
@@ -89,7 +90,7 @@ def _bottom_k_texts(repo: DataRepo, ref: str, sources: list[str], k: int) -> pa.
     deterministic sample read one part at a time."""
     sample = None
     for source in sources:
-        for part in read_parts(repo, ref, f"raw/{source}", columns=["id", "text"]):
+        for part in read_parts(repo, ref, layout.source_folder(layout.RAW, source), columns=["id", "text"]):
             sample = part if sample is None else pa.concat_tables([sample, part])
             if sample.num_rows > 2 * k:
                 sample = sample.sort_by("id").slice(0, k)
@@ -140,7 +141,7 @@ def run_validate(
             raise ValidateConfigError(str(exc)) from None
 
     with Stopwatch() as clock:
-        for prefix in ("filtered", f"quarantine/{STAGE}", f"reports/data_docs/{STAGE}"):
+        for prefix in (layout.FILTERED, layout.quarantine_folder(STAGE), layout.data_docs_folder(STAGE)):
             clear_prefix(repo, branch, prefix)
         scorer, classifier_facts = train_classifier(repo, input_commit, config, sources)
         if scorer is not None and (model := scorer.to_bytes()) is not None:
@@ -156,12 +157,12 @@ def run_validate(
                 )
             totals, languages = FilterStats(), Counter()
             with (
-                PartWriter(repo, branch, f"filtered/{name}", config.rows_per_part) as kept_writer,
+                PartWriter(repo, branch, layout.source_folder(layout.FILTERED, name), config.rows_per_part) as kept_writer,
                 PartWriter(
-                    repo, branch, f"quarantine/{STAGE}/{name}", config.rows_per_part
+                    repo, branch, layout.quarantine_folder(STAGE, name), config.rows_per_part
                 ) as quarantine_writer,
             ):
-                for batch in iter_batches(read_parts(repo, input_commit, f"raw/{name}"), config.batch_rows):
+                for batch in iter_batches(read_parts(repo, input_commit, layout.source_folder(layout.RAW, name)), config.batch_rows):
                     kept, quarantined, stats = apply_filters(batch, name, source["kind"], config, rule)
                     kept_writer.write(kept)
                     quarantine_writer.write(quarantined)

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from formats import layout
 from formats.shards import HEADER_SIZE, Manifest, read_shard_bytes
 from tasks.io import document_id, read_parts
 from tasks.shard.config import ShardConfig
@@ -20,7 +21,7 @@ from tasks.shard.gate import ShardGateError
 from tasks.shard.stage import run_shard_stage
 from tasks.shard.task import shard_task
 from tasks.shard.verify import verify_shards_at
-from tasks.tokenize import TOKENIZER_PATH, TokenizerError, load_tokenizer, train_tokenizer
+from tasks.tokenize import TokenizerError, load_tokenizer, train_tokenizer
 from versioning import DataRepo
 from versioning.local import LocalRepo
 
@@ -89,7 +90,7 @@ def source_documents(repo: DataRepo, ref: str, source: str) -> list[str]:
 def test_decoded_shards_are_exactly_the_documents_token_stream(sharded) -> None:
     repo, input_commit, result = sharded
     manifest = Manifest.from_json(repo.get(result.commit_id, "shards/manifest.json"))
-    tokenizer, eod = load_tokenizer(repo.get(result.commit_id, TOKENIZER_PATH).decode(), SMALL.eod_token)
+    tokenizer, eod = load_tokenizer(repo.get(result.commit_id, layout.TOKENIZER).decode(), SMALL.eod_token)
     for source in ("web", "code"):
         texts = source_documents(repo, input_commit, source)
         expected = [t for text in texts for t in [*tokenizer.encode(text).ids, eod]]
@@ -104,7 +105,7 @@ def test_manifest_report_and_commit_agree(sharded) -> None:
     repo, input_commit, result = sharded
     raw = repo.get(result.commit_id, "shards/manifest.json")
     manifest = Manifest.from_json(raw)
-    tokenizer_sha = hashlib.sha256(repo.get(result.commit_id, TOKENIZER_PATH)).hexdigest()
+    tokenizer_sha = hashlib.sha256(repo.get(result.commit_id, layout.TOKENIZER)).hexdigest()
     metadata = repo.get_commit(result.commit_id).metadata
     assert manifest.tokenizer_sha256 == tokenizer_sha == metadata["tokenizer_sha256"]
     assert manifest.sha256() == hashlib.sha256(raw).hexdigest() == metadata["manifest_sha256"]
@@ -201,7 +202,7 @@ def test_dtype_switches_when_the_vocabulary_passes_65536(tmp_path, added: int, d
     tokenizer = train_tokenizer(random_texts(100, seed=5), 300, [SMALL.eod_token])
     fill = 65_536 + added - tokenizer.get_vocab_size(with_added_tokens=True)
     tokenizer.add_tokens([f"<|unused-{i}|>" for i in range(fill)])
-    repo.put("main", TOKENIZER_PATH, tokenizer.to_str().encode())
+    repo.put("main", layout.TOKENIZER, tokenizer.to_str().encode())
     input_commit = repo.commit("main", "dedup + tokenizer").id
     result = run_stage(
         repo, input_commit, "curate-1", SMALL.model_copy(update={"reuse_tokenizer_from": "main"})
