@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from tasks.ingest import IngestConfig, SourceConfig, ingest_partition, plan_partitions  # noqa: E402
 from tasks.ingest.partitions import list_source_files  # noqa: E402
-from tasks.io import iter_batches  # noqa: E402
+from tasks.parts import iter_batches  # noqa: E402
 from tasks.validate import ValidateConfig, apply_filters  # noqa: E402
 
 EXCLUDED = ["site-packages/*", "dist-packages/*", "*/__pycache__/*", "__pycache__/*"]

@@ -43,7 +43,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from formats import layout  # noqa: E402
-from tasks.io import document_id  # noqa: E402
+from tasks.schema import document_id  # noqa: E402
 from tasks.shard.config import ShardConfig  # noqa: E402
 from tasks.shard.stage import run_shard_stage  # noqa: E402
 from tasks.shard.verify import verify_shards_at  # noqa: E402

@@ -16,7 +16,7 @@ from uuid import UUID
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 from prefect.artifacts import update_progress_artifact as _update_progress
 
-from tasks.io import StageResult
+from tasks.stage import StageResult
 
 
 @dataclass(frozen=True)

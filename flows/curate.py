@@ -6,7 +6,7 @@ whose metadata carries stage, stage-config hash, input commit, flow-run id and c
 When every gate holds, the run is merged into ``main`` and tagged (:mod:`flows.wap`).
 Failure never touches ``main``: the Prefect transaction's rollback deletes the run branch,
 and the janitor (:mod:`flows.janitor`) removes the branch of a killed process. Finished
-stages are reused exactly (:mod:`flows.chain`).
+stages are reused exactly (:mod:`flows.stage_runner`).
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ from prefect.cache_policies import NO_CACHE
 from prefect.transactions import BaseTransaction, get_transaction, transaction
 
 from flows.artifacts import SummaryLinks, stages_table, summary
-from flows.chain import IO_RETRIES, RunChain
 from flows.params import CurateParams, GateConfig, check_ready
+from flows.stage_runner import StageRunner
 from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish
 from formats import layout
 from tasks.dedup.task import dedup_task
 from tasks.ingest.task import ingest_task
-from tasks.io import StageResult, config_hash
 from tasks.mix import mix_task
 from tasks.shard.task import shard_task
+from tasks.stage import StageResult, config_hash
+from tasks.stage_task import IO_RETRIES
 from tasks.validate.task import validate_task
 from versioning import NotFound, data_home, open_repo
 
@@ -40,13 +41,13 @@ class GateFailed(RuntimeError):
 @flow(name="curate", log_prints=True)
 def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
     """Curate the configured sources into a new dataset version on ``main``."""
-    run = RunChain.start(params)
+    run = StageRunner.start(params)
     preflight(params, run.repo_spec)
     head = open_branch(run.repo_spec, run.branch)
     with rolled_back_on_failure(run.repo_spec, run.branch):  # main stays untouched
         run.begin(head)
         ingested = run.run("ingest", ingest_task, params.ingest, input_commit=head)
-        validated = run.run("validate", validate_task, params.filters, ingested.commit_id)
+        validated = run.run("validate", validate_task, params.validation, ingested.commit_id)
         deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)
         sharded = run.run("shard", shard_task, params.shards, deduped.commit_id)
         mixed = run.run("mix", mix_task, params.mix, sharded.commit_id)

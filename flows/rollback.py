@@ -45,20 +45,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import get_run_context
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.chain import IO_RETRIES
 from flows.lineage import CheckpointRecord, read_lineage
-from flows.rollback_core import (
-    RestoredMain,
-    ResumePlan,
-    RollbackPlan,
-    find_tainted,
-    fork_checkpoint,
-    mark_tainted,
-    plan_resumes,
-    plan_rollback,
-    restore_main,
-)
+from flows.restore import RestoredMain, RollbackPlan, plan_rollback, restore_main
+from flows.taint import ResumePlan, find_tainted, fork_checkpoint, mark_tainted, plan_resumes
 from flows.train import TrainParams, train_flow
+from tasks.stage_task import IO_RETRIES
 from versioning import default_repo_spec, open_repo
 
 

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 from formats import layout
 from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX
-from tasks.io import tokenlake_version
+from tasks.stage import tokenlake_version
 from versioning import Commit, Conflict, DataRepo, NoChanges, NotFound
 
 TAG_PREFIX = "ds-"

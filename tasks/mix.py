@@ -18,8 +18,8 @@ from prefect.context import TaskRunContext
 from formats import layout
 from formats.mix import MixPlan, MixSpec, resolve_mix
 from formats.shards import Manifest
-from tasks.io import StageReport, StageResult, commit_stage, config_hash
-from tasks.runtime import STAGE_RETRIES, stage_logger
+from tasks.stage import StageReport, StageResult, commit_stage, config_hash
+from tasks.stage_task import IO_RETRIES, stage_logger
 from versioning import DataRepo, NotFound, open_repo
 
 STAGE = "mix"
@@ -69,7 +69,7 @@ def source_rows(plan: MixPlan) -> dict[str, dict[str, Any]]:
     return rows
 
 
-@task(name="mix", **STAGE_RETRIES)
+@task(name="mix", **IO_RETRIES)
 def mix_task(
     repo_spec: str, branch: str, config: MixSpec, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:

@@ -145,8 +145,8 @@ def _data_header(data: Any) -> str:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
+    from flows.restore import plan_rollback
     from flows.rollback import RollbackParams, rollback
-    from flows.rollback_core import plan_rollback
     from versioning import default_repo_spec, open_repo
 
     params = RollbackParams(to=args.to, hard=args.hard, resume=args.resume, resume_steps=args.resume_steps,

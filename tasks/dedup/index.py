@@ -30,7 +30,7 @@ import pyarrow as pa
 from formats import layout
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.plan import PublishedIndex, keys_from_arrow
-from tasks.io import PartWriter, put_json, read_parts
+from tasks.parts import PartWriter, put_json, read_parts
 from versioning import DataRepo
 
 

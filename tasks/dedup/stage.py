@@ -17,17 +17,8 @@ from formats import layout
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.index import load_published, next_run_folder, write_index_run
 from tasks.dedup.plan import STAGE, apply_plan, plan_dedup
-from tasks.io import (
-    PartWriter,
-    StageReport,
-    StageResult,
-    clear_prefix,
-    commit_stage,
-    config_hash,
-    list_parts,
-    list_sources,
-    read_part,
-)
+from tasks.parts import PartWriter, clear_prefix, list_parts, list_sources, read_part
+from tasks.stage import StageReport, StageResult, commit_stage, config_hash
 from versioning import DataRepo
 
 INPUT_PREFIX = layout.FILTERED

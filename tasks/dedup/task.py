@@ -10,12 +10,12 @@ from prefect import task
 
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.stage import run_dedup_stage
-from tasks.io import StageResult
-from tasks.runtime import STAGE_RETRIES, stage_logger, stage_table_artifact
+from tasks.stage import StageResult
+from tasks.stage_task import IO_RETRIES, stage_logger, stage_table_artifact
 from versioning import open_repo
 
 
-@task(name="dedup", **STAGE_RETRIES)
+@task(name="dedup", **IO_RETRIES)
 def dedup_task(
     repo_spec: str, branch: str, config: DedupConfig, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:

@@ -15,10 +15,6 @@ SOURCE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 MiB = 1 << 20
 
 
-class ConfigError(ValueError):
-    """A misconfiguration found before any work; the message names what to fix."""
-
-
 class SourceConfig(BaseModel):
     """One input source.
 

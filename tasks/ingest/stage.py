@@ -10,20 +10,13 @@ from typing import Any
 import pyarrow as pa
 
 from formats import layout
-from tasks.ingest.config import ConfigError, IngestConfig
+from tasks.ingest.config import IngestConfig
 from tasks.ingest.documents import STAGE
 from tasks.ingest.partitions import plan_partitions
 from tasks.ingest.runner import run_partitions
-from tasks.io import (
-    DOCUMENT_SCHEMA,
-    PartWriter,
-    StageReport,
-    StageResult,
-    Stopwatch,
-    clear_prefix,
-    commit_stage,
-    config_hash,
-)
+from tasks.parts import PartWriter, clear_prefix
+from tasks.schema import DOCUMENT_SCHEMA
+from tasks.stage import ConfigError, StageReport, StageResult, Stopwatch, commit_stage, config_hash
 from tasks.validate.gates import (
     DocumentSample,
     GateCheck,

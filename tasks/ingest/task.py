@@ -10,12 +10,12 @@ from prefect import task
 
 from tasks.ingest.config import IngestConfig
 from tasks.ingest.stage import run_ingest
-from tasks.io import StageResult
-from tasks.runtime import STAGE_RETRIES, stage_logger, stage_table_artifact
+from tasks.stage import StageResult
+from tasks.stage_task import IO_RETRIES, stage_logger, stage_table_artifact
 from versioning import open_repo
 
 
-@task(name="ingest", **STAGE_RETRIES)
+@task(name="ingest", **IO_RETRIES)
 def ingest_task(
     repo_spec: str, branch: str, config: IngestConfig, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:

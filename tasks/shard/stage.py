@@ -26,22 +26,12 @@ import pyarrow.compute as pc
 
 from formats import layout
 from formats.shards import Manifest, ShardEntry, dtype_for_vocab
-from tasks.io import (
-    PartWriter,
-    StageReport,
-    StageResult,
-    clear_prefix,
-    commit_stage,
-    config_hash,
-    iter_batches,
-    list_parts,
-    list_sources,
-    read_part,
-    with_quarantine_reason,
-)
+from tasks.parts import PartWriter, clear_prefix, iter_batches, list_parts, list_sources, read_part
+from tasks.schema import with_quarantine_reason
 from tasks.shard.config import ShardConfig
 from tasks.shard.gate import gate_manifest
 from tasks.shard.pack import INVALID_WEIGHT, Packer, RowSpill, repeat_counts, with_eod
+from tasks.stage import StageReport, StageResult, commit_stage, config_hash
 from tasks.tokenize import Encoder, TokenizerError, TrainingSample, train_tokenizer
 from tasks.tokenize import tokenizer_sha256 as sha256_of_tokenizer
 from versioning import DataRepo, NotFound

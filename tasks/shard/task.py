@@ -13,14 +13,14 @@ from prefect import task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.context import TaskRunContext
 
-from tasks.io import StageResult
-from tasks.runtime import STAGE_RETRIES, stage_logger
 from tasks.shard.config import ShardConfig
 from tasks.shard.stage import run_shard_stage
+from tasks.stage import StageResult
+from tasks.stage_task import IO_RETRIES, stage_logger
 from versioning import open_repo
 
 
-@task(name="shard", **STAGE_RETRIES)
+@task(name="shard", **IO_RETRIES)
 def shard_task(
     repo_spec: str, branch: str, config: ShardConfig, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:

@@ -11,12 +11,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.io import with_quarantine_reason
 from tasks.quality.classifier import QualityScorer, pareto_keep
 from tasks.quality.code import CODE_RULES, code_signals
 from tasks.quality.langid import identify
 from tasks.quality.prose import PROSE_RULES, prose_signals
 from tasks.quality.rules import first_failures
+from tasks.schema import with_quarantine_reason
 from tasks.validate.config import CLASSIFIER_RULE, LANGUAGE_RULE, ValidateConfig
 
 STAGE = "validate"

@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 
 from expectations import load_suite
 from formats import layout
-from tasks.io import StageReport, clear_prefix, put_json
+from tasks.parts import clear_prefix, put_json
+from tasks.stage import StageReport
 from versioning import DataRepo
 
 GATE_TEXT_CHARS = 100  # the frame holds the start of each text; ``text_chars`` its full length

@@ -16,23 +16,13 @@ from typing import Any
 import pyarrow as pa
 
 from formats import layout
-from tasks.ingest.config import ConfigError
-from tasks.io import (
-    DOCUMENT_SCHEMA,
-    PartWriter,
-    StageReport,
-    StageResult,
-    Stopwatch,
-    clear_prefix,
-    commit_stage,
-    config_hash,
-    iter_batches,
-    read_parts,
-)
+from tasks.parts import PartWriter, clear_prefix, iter_batches, read_parts
 from tasks.quality.classifier import load_factory
 from tasks.quality.code import CODE_RULES
 from tasks.quality.langid import check_languages
 from tasks.quality.prose import PROSE_RULES
+from tasks.schema import DOCUMENT_SCHEMA
+from tasks.stage import ConfigError, StageReport, StageResult, Stopwatch, commit_stage, config_hash
 from tasks.validate.config import ValidateConfig
 from tasks.validate.filters import SIGNAL_FIELDS, STAGE, ClassifierRule, FilterStats, apply_filters
 from tasks.validate.gates import (

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from prefect import task
 
-from tasks.io import StageResult
-from tasks.runtime import STAGE_RETRIES, stage_logger, stage_table_artifact
+from tasks.stage import StageResult
+from tasks.stage_task import IO_RETRIES, stage_logger, stage_table_artifact
 from tasks.validate.config import ValidateConfig
 from tasks.validate.stage import run_validate
 from versioning import open_repo
 
 
-@task(name="validate", **STAGE_RETRIES)
+@task(name="validate", **IO_RETRIES)
 def validate_task(
     repo_spec: str, branch: str, config: ValidateConfig, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:

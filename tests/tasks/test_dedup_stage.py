@@ -15,8 +15,8 @@ from tasks.dedup import DedupConfig
 from tasks.dedup.index import load_published, run_folders
 from tasks.dedup.stage import run_dedup_stage
 from tasks.dedup.task import dedup_task
-from tasks.io import list_parts, read_parts
-from tasks.runtime import stage_table
+from tasks.parts import list_parts, read_parts
+from tasks.stage_task import stage_table
 from tests.tasks.test_dedup_quality import documents
 from versioning import DataRepo
 from versioning.local import LocalRepo

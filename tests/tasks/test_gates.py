@@ -12,8 +12,8 @@ import pytest
 
 from expectations import load_suite
 from tasks.ingest import IngestConfig, SourceConfig, run_ingest
-from tasks.io import DOCUMENT_SCHEMA, document_id
 from tasks.quality.prose import PROSE_RULES
+from tasks.schema import DOCUMENT_SCHEMA, document_id
 from tasks.validate import SIGNAL_FIELDS, GateCheck, GateFailed, ValidateConfig, run_gate
 from tasks.validate.gates import stats_rows, stats_table
 from tasks.validate.stage import run_validate

@@ -13,7 +13,6 @@ import pytest
 from pydantic import ValidationError
 
 from tasks.ingest import (
-    ConfigError,
     IngestConfig,
     SourceConfig,
     ingest_partition,
@@ -23,7 +22,9 @@ from tasks.ingest import (
 from tasks.ingest.normalize import normalize_texts
 from tasks.ingest.runner import PartitionFailed, run_partitions, with_retries
 from tasks.ingest.task import ingest_task
-from tasks.io import DOCUMENT_SCHEMA, document_id, read_parts
+from tasks.parts import read_parts
+from tasks.schema import DOCUMENT_SCHEMA, document_id
+from tasks.stage import ConfigError
 from versioning import open_repo
 
 TEXT = "Plain prose for the ingest tests, long enough to be kept.\n"

@@ -15,7 +15,8 @@ import pytest
 
 from formats import layout
 from formats.shards import HEADER_SIZE, Manifest, read_shard_bytes
-from tasks.io import document_id, read_parts
+from tasks.parts import read_parts
+from tasks.schema import document_id
 from tasks.shard.config import ShardConfig
 from tasks.shard.gate import ShardGateError
 from tasks.shard.stage import run_shard_stage

@@ -14,7 +14,7 @@ import pytest
 
 from tasks.ingest import IngestConfig, SourceConfig, run_ingest
 from tasks.ingest.task import ingest_task
-from tasks.io import read_parts
+from tasks.parts import read_parts
 from tasks.validate import SIGNAL_FIELDS, ValidateConfig
 from tasks.validate.stage import MODEL_PATH, ValidateConfigError, run_validate
 from tasks.validate.task import validate_task

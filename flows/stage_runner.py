@@ -1,4 +1,4 @@
-"""RunChain: runs the stages of one curate run in order and decides which finished stages to reuse.
+"""StageRunner: runs the stages of one curate run in order and decides which finished stages to reuse.
 
 A stage's cache key is (stage, input commit id, stage-config hash) (:mod:`flows.caching`);
 ingest's input is the source files, fingerprinted. A cached result names the commit that
@@ -45,16 +45,9 @@ from flows.caching import (
 from flows.params import CurateParams
 from flows.wap import ChainLink, PublishRecord, published_record, run_branch
 from formats import layout
-from tasks.io import StageResult
-from tasks.runtime import retry_transient
+from tasks.stage import StageResult
+from tasks.stage_task import IO_RETRIES, retry_transient
 from versioning import default_repo_spec, open_repo
-
-IO_RETRIES: dict[str, Any] = {
-    "retries": 4,
-    "retry_delay_seconds": [1, 2, 4, 8],
-    "retry_jitter_factor": 0.5,
-    "retry_condition_fn": retry_transient,
-}
 
 
 @task(name="advance-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -72,7 +65,7 @@ def register_process(flow_run_id: str) -> None:
 
 
 @dataclass
-class RunChain:
+class StageRunner:
     """One run between its stages: where it writes, what it reused, the chain of keys it publishes."""
 
     repo_spec: str
@@ -88,7 +81,7 @@ class RunChain:
     links: list[ChainLink] = field(default_factory=list)
 
     @classmethod
-    def start(cls, params: CurateParams) -> RunChain:
+    def start(cls, params: CurateParams) -> StageRunner:
         flow_run_id = str(get_run_context().flow_run.id)
         register_process(flow_run_id)
         return cls(

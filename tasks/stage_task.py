@@ -9,7 +9,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
 
-from tasks.io import StageResult
+from tasks.stage import StageResult
 from versioning import TransientError
 
 
@@ -24,8 +24,9 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-# exponential backoff with jitter, so many runs retrying one lakeFS do not retry in step
-STAGE_RETRIES: dict[str, Any] = {
+# every task that talks to the repository (stages, branch and publish tasks): exponential
+# backoff with jitter, so many runs retrying one lakeFS do not retry in step
+IO_RETRIES: dict[str, Any] = {
     "retries": 4,
     "retry_delay_seconds": [1, 2, 4, 8],
     "retry_jitter_factor": 0.5,
