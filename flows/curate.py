@@ -34,8 +34,11 @@ from tasks.validate.task import validate_task
 from versioning import NotFound, data_home, open_repo
 
 
-class GateFailed(RuntimeError):
-    """A publish gate did not hold; the message lists every failed gate."""
+class PublishRefused(RuntimeError):
+    """A publish gate of the run (``[gates]``) did not hold; the message lists every one.
+
+    (A stage's own Great Expectations suites failing is :class:`tasks.gates.ExpectationsFailed`.)
+    """
 
 
 @flow(name="curate", log_prints=True)
@@ -150,7 +153,7 @@ def _source_tokens(stats: dict[str, Any] | None) -> int:
 def check_gates(gates: GateConfig, sources: list[str], results: dict[str, StageResult]) -> None:
     failures = gate_failures(gates, sources, results)
     if failures:
-        raise GateFailed("not published: " + "; ".join(failures))
+        raise PublishRefused("not published: " + "; ".join(failures))
 
 
 @task(name="publish", cache_policy=NO_CACHE, **IO_RETRIES)

@@ -66,6 +66,9 @@ MANIFEST = f"{SHARDS}/manifest.json"
 MIX = "mix.json"
 
 
+SHARD_PATH = re.compile(rf"^{SHARDS}/[^/]+/shard-[0-9]{{5}}\.bin$")
+
+
 def shard_path(source: str, index: int) -> str:
     return f"{SHARDS}/{source}/shard-{index:05d}.bin"
 

@@ -55,6 +55,9 @@ class StageReport:
     per_source: dict[str, dict[str, Any]] = field(default_factory=dict)
     expectations: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # what the stage commit carries besides the common fields (gate verdict, sha256s, ...);
+    # not part of reports/<stage>.json
+    commit_metadata: dict[str, str] = field(default_factory=dict)
 
     @property
     def rejected_total(self) -> int:
@@ -71,7 +74,9 @@ class StageReport:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"rejected_total": self.rejected_total}
+        report = asdict(self) | {"rejected_total": self.rejected_total}
+        del report["commit_metadata"]
+        return report
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,11 @@ def commit_stage(
     """Write ``reports/<stage>.json`` and commit the stage; returns the commit id."""
     report.check_balance()
     put_json(repo, branch, layout.report_path(report.stage), report.to_dict())
-    meta = stage_metadata(report.stage, stage_config_hash, input_commit, flow_run_id, report) | (metadata or {})
+    meta = (
+        stage_metadata(report.stage, stage_config_hash, input_commit, flow_run_id, report)
+        | report.commit_metadata
+        | (metadata or {})
+    )
     # allow_empty: a retried stage may rewrite byte-identical outputs, and every stage still
     # ends in its own commit (the next stage's input, and the stage's cache entry)
     return repo.commit(

@@ -10,6 +10,13 @@ from typing import Any
 import pyarrow as pa
 
 from formats import layout
+from tasks.gates import (
+    DocumentSample,
+    GateCheck,
+    gate_stage,
+    stats_rows,
+    stats_table,
+)
 from tasks.ingest.config import IngestConfig
 from tasks.ingest.documents import STAGE
 from tasks.ingest.partitions import plan_partitions
@@ -17,13 +24,6 @@ from tasks.ingest.runner import run_partitions
 from tasks.parts import PartWriter, clear_prefix
 from tasks.schema import DOCUMENT_SCHEMA
 from tasks.stage import ConfigError, StageReport, StageResult, Stopwatch, commit_stage, config_hash
-from tasks.validate.gates import (
-    DocumentSample,
-    GateCheck,
-    gate_stage,
-    stats_rows,
-    stats_table,
-)
 from versioning import DataRepo
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def run_ingest(
     repo: DataRepo, branch: str, config: IngestConfig, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:
     """Ingest every source onto ``branch`` and commit; raises ConfigError before any work,
-    GateFailed (nothing committed) when the output breaks its expectations."""
+    ExpectationsFailed (nothing committed) when the output breaks its expectations."""
     if not config.sources:
         raise ConfigError("ingest has no sources; add at least one entry to 'sources'")
     plans = {source.name: plan_partitions(source, config) for source in config.sources}  # fails fast
@@ -89,7 +89,6 @@ def run_ingest(
                 counts["rejected"],
             )
 
-        outcome = None
         if config.gate.enabled:
             checks = [
                 GateCheck(
@@ -103,10 +102,11 @@ def run_ingest(
                 ),
                 GateCheck("stage_stats", stats_table(stats), {}, ["source", "rule"]),
             ]
-            outcome = gate_stage(repo, branch, report, checks, sample, config.gate.max_rows)
+            gate_stage(repo, branch, report, input_commit, checks, sample.coverage())
+        else:
+            report.commit_metadata["gate"] = "disabled"
     report.seconds = clock.seconds
     # lineage shows a checkpoint's source sections from here
     report.extra["sources"] = [s.model_dump(mode="json") for s in config.sources]
-    metadata = outcome.metadata() if outcome else {"gate": "disabled"}
-    commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id, metadata)
+    commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id)
     return StageResult(stage=STAGE, commit_id=commit_id, report=report.to_dict())

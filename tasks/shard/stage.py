@@ -25,11 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from formats import layout
-from formats.shards import Manifest, ShardEntry, dtype_for_vocab
+from formats.shards import HEADER_SIZE, Manifest, ShardEntry, dtype_for_vocab
+from tasks.gates import Coverage, GateCheck, gate_stage
 from tasks.parts import PartWriter, clear_prefix, iter_batches, list_parts, list_sources, read_part
 from tasks.schema import with_quarantine_reason
 from tasks.shard.config import ShardConfig
-from tasks.shard.gate import gate_manifest
 from tasks.shard.pack import INVALID_WEIGHT, Packer, RowSpill, repeat_counts, with_eod
 from tasks.stage import StageReport, StageResult, commit_stage, config_hash
 from tasks.tokenize import Encoder, TokenizerError, TrainingSample, train_tokenizer
@@ -40,6 +40,26 @@ STAGE = "shard"
 INPUT_PREFIX = layout.DEDUP
 REQUIRED_COLUMNS = ("id", "text")
 Progress = Callable[[float], None]  # fraction of the input parts done, 0..1
+MANIFEST_ROWS = pa.schema(
+    [(column, pa.string()) for column in ("name", "source", "sha256", "dtype", "dtype_for_vocabulary")]
+    + [
+        (column, pa.int64())
+        for column in (
+            "sequences",
+            "tokens",
+            "bytes",
+            "sequences_times_row_length",
+            "header_plus_token_bytes",
+            "sequences_above_source_minimum",
+            "source_declared_sequences",
+            "source_summed_sequences",
+            "source_declared_tokens",
+            "source_summed_tokens",
+            "vocab_size",
+            "eod_token",
+        )
+    ]
+)
 
 
 @dataclass
@@ -215,14 +235,14 @@ def run_shard_stage(
     flow_run_id: str | None = None,
     progress: Progress | None = None,
 ) -> StageResult:
-    """The whole stage; raises ShardGateError (nothing committed) when the manifest fails its suite."""
+    """The whole stage; raises ExpectationsFailed (nothing committed) when the manifest fails its suite."""
     started = time.perf_counter()
     sources = list_sources(repo, input_commit, INPUT_PREFIX)
     if not sources:
         raise ValueError(
             f"no documents under {INPUT_PREFIX}/ at commit {input_commit}; run the dedup stage first"
         )
-    for prefix in (layout.SHARDS, layout.TOKENIZER_FOLDER, layout.quarantine_folder(STAGE)):
+    for prefix in (layout.SHARDS, layout.TOKENIZER_FOLDER, layout.quarantine_folder(STAGE), layout.data_docs_folder(STAGE)):
         clear_prefix(repo, branch, prefix)
 
     tokenizer_json, tokenizer_info = prepare_tokenizer(repo, branch, input_commit, sources, config)
@@ -269,7 +289,8 @@ def run_shard_stage(
             input_commit=input_commit,
         )
     report.tokens = manifest.totals["tokens"]
-    report.expectations = gate_manifest(manifest)  # raises ShardGateError on failure
+    shards = Coverage.everything(len(manifest.shards), "shards")
+    gate_stage(repo, branch, report, input_commit, [manifest_check(manifest)], shards)  # raises on failure
     repo.put(branch, layout.MANIFEST, manifest.to_json().encode())
     report.seconds = round(time.perf_counter() - started, 3)
     text_bytes = sum(s["text_bytes"] for s in report.per_source.values())
@@ -284,15 +305,58 @@ def run_shard_stage(
         "megabytes_per_second": round(text_bytes / 1e6 / max(report.seconds, 1e-9), 3),
         "sources_without_shards": {s: v["reason"] for s, v in report.per_source.items() if v["reason"]},
     }
-    metadata = {
+    report.commit_metadata |= {
         "tokenizer_sha256": tokenizer_info["sha256"],
         "tokenizer_origin": tokenizer_info["origin"],
         "manifest_sha256": manifest.sha256(),
     }
-    commit_id = commit_stage(
-        repo, branch, report, config_hash(config), input_commit, flow_run_id, metadata=metadata
-    )
+    commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id)
     return StageResult(stage=STAGE, commit_id=commit_id, report=report.to_dict())
+
+
+def manifest_check(manifest: Manifest) -> GateCheck:
+    """``expectations/shard_manifest.json`` over the manifest: one row per shard, with the
+    per-source and total sums the suite compares (declared in the manifest vs summed) and the
+    manifest's own fields; the suite checks :data:`formats.shards.MANIFEST_INVARIANTS`."""
+    row_len = manifest.seq_len + 1
+    itemsize = manifest.numpy_dtype.itemsize
+    summed: dict[str, dict[str, int]] = {}
+    minimum: dict[str, int] = {}
+    for e in manifest.shards:
+        sums = summed.setdefault(e.source, {"sequences": 0, "tokens": 0})
+        sums["sequences"] += e.sequences
+        sums["tokens"] += e.tokens
+        minimum[e.source] = min(minimum.get(e.source, e.sequences), e.sequences)
+    rows = []
+    for e in manifest.shards:
+        declared = manifest.sources.get(e.source, {"sequences": -1, "tokens": -1})
+        rows.append(
+            {
+                "name": e.name,
+                "source": e.source,
+                "sha256": e.sha256,
+                "sequences": e.sequences,
+                "tokens": e.tokens,
+                "bytes": e.bytes,
+                "sequences_times_row_length": e.sequences * row_len,
+                "header_plus_token_bytes": HEADER_SIZE + e.tokens * itemsize,
+                "sequences_above_source_minimum": e.sequences - minimum[e.source],
+                "source_declared_sequences": declared["sequences"],
+                "source_summed_sequences": summed[e.source]["sequences"],
+                "source_declared_tokens": declared["tokens"],
+                "source_summed_tokens": summed[e.source]["tokens"],
+                "dtype": manifest.dtype,
+                "dtype_for_vocabulary": dtype_for_vocab(manifest.vocab_size).name,
+                "vocab_size": manifest.vocab_size,
+                "eod_token": manifest.eod_token,
+            }
+        )
+    parameters = {
+        "declared_total_sequences": manifest.totals["sequences"],
+        "declared_total_tokens": manifest.totals["tokens"],
+        "declared_sources": sorted(manifest.sources),
+    }
+    return GateCheck("shard_manifest", pa.Table.from_pylist(rows, schema=MANIFEST_ROWS), parameters, ["name"])
 
 
 def _store_shards(

@@ -16,6 +16,13 @@ from typing import Any
 import pyarrow as pa
 
 from formats import layout
+from tasks.gates import (
+    DocumentSample,
+    GateCheck,
+    gate_stage,
+    stats_rows,
+    stats_table,
+)
 from tasks.parts import PartWriter, clear_prefix, iter_batches, read_parts
 from tasks.quality.classifier import load_factory
 from tasks.quality.code import CODE_RULES
@@ -25,13 +32,6 @@ from tasks.schema import DOCUMENT_SCHEMA
 from tasks.stage import ConfigError, StageReport, StageResult, Stopwatch, commit_stage, config_hash
 from tasks.validate.config import ValidateConfig
 from tasks.validate.filters import SIGNAL_FIELDS, STAGE, ClassifierRule, FilterStats, apply_filters
-from tasks.validate.gates import (
-    DocumentSample,
-    GateCheck,
-    gate_stage,
-    stats_rows,
-    stats_table,
-)
 from versioning import DataRepo, NotFound
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def run_validate(
     repo: DataRepo, branch: str, config: ValidateConfig, input_commit: str, flow_run_id: str | None = None
 ) -> StageResult:
     """Filter every ingested source onto ``branch`` and commit; ValidateConfigError before
-    any work, GateFailed (nothing committed) when the output breaks its expectations."""
+    any work, ExpectationsFailed (nothing committed) when the output breaks its expectations."""
     sources = read_sources(repo, input_commit)
     check_config(config, sources)
     if config.classifier.enabled:
@@ -184,7 +184,6 @@ def run_validate(
                 dict(totals.removed),
             )
 
-        outcome = None
         if config.gate.enabled:
             with_documents = [n for n, s in sources.items() if s["kept"]]
             checks = [
@@ -196,9 +195,10 @@ def run_validate(
                 ),
                 GateCheck("stage_stats", stats_table(stats_by_rule), {}, ["source", "rule"]),
             ]
-            outcome = gate_stage(repo, branch, report, checks, sample, config.gate.max_rows)
+            gate_stage(repo, branch, report, input_commit, checks, sample.coverage())
+        else:
+            report.commit_metadata["gate"] = "disabled"
     report.seconds = clock.seconds
-    metadata = outcome.metadata() if outcome else {"gate": "disabled"}
-    metadata["classifier"] = "trained" if scorer is not None else "off"
-    commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id, metadata)
+    report.commit_metadata["classifier"] = "trained" if scorer is not None else "off"
+    commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id)
     return StageResult(stage=STAGE, commit_id=commit_id, report=report.to_dict())

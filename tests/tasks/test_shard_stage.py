@@ -15,10 +15,10 @@ import pytest
 
 from formats import layout
 from formats.shards import HEADER_SIZE, Manifest, read_shard_bytes
+from tasks.gates import ExpectationsFailed
 from tasks.parts import read_parts
 from tasks.schema import document_id
 from tasks.shard.config import ShardConfig
-from tasks.shard.gate import ShardGateError
 from tasks.shard.stage import run_shard_stage
 from tasks.shard.task import shard_task
 from tasks.shard.verify import verify_shards_at
@@ -223,7 +223,7 @@ def test_a_version_with_no_tokens_at_all_fails_the_gate_and_commits_nothing(tmp_
     input_commit = repo.commit("main", "dedup").id
     repo.create_branch("curate-1", "main")
     config = SMALL.model_copy(update={"reuse_tokenizer_from": None, "seq_len": 1024})
-    with pytest.raises(ShardGateError, match="without shards cannot be trained on"):
+    with pytest.raises(ExpectationsFailed, match="without shards cannot be trained on"):
         run_shard_stage(repo, "curate-1", config, input_commit)
     assert repo.resolve("curate-1") == input_commit
 
