@@ -125,14 +125,15 @@ def timed(run, *args) -> tuple[dict[str, int], float, float]:
 def stage_once(config: IngestConfig, filters: ValidateConfig) -> dict[str, float]:
     """The full stages (LocalRepo, gates, Data Docs) once, for the record."""
     from tasks.ingest import run_ingest
+    from tasks.stage import run_stage
     from tasks.validate.stage import run_validate
     from versioning import open_repo
 
     with tempfile.TemporaryDirectory() as root:
         repo = open_repo(str(Path(root) / "repo"))
         cpu, wall = time.process_time(), time.perf_counter()
-        ingested = run_ingest(repo, "main", config, repo.resolve("main"))
-        validated = run_validate(repo, "main", filters, ingested.commit_id)
+        ingested = run_stage(run_ingest, repo, "main", repo.resolve("main"), config)
+        validated = run_stage(run_validate, repo, "main", ingested.commit_id, filters)
         return {
             "cpu_seconds": time.process_time() - cpu,
             "wall_seconds": time.perf_counter() - wall,

@@ -45,8 +45,9 @@ import pyarrow.parquet as pq  # noqa: E402
 from formats import layout  # noqa: E402
 from tasks.schema import document_id  # noqa: E402
 from tasks.shard.config import ShardConfig  # noqa: E402
-from tasks.shard.stage import run_shard_stage  # noqa: E402
+from tasks.shard.stage import run_shard  # noqa: E402
 from tasks.shard.verify import verify_shards_at  # noqa: E402
+from tasks.stage import run_stage  # noqa: E402
 from tasks.tokenize import TrainingSample, load_tokenizer, train_tokenizer  # noqa: E402
 from versioning.local import LocalRepo  # noqa: E402
 
@@ -132,7 +133,7 @@ def raw_encode(tokenizer_json: str, texts: list[str], batch: int, method: str) -
 def end_to_end(repo: LocalRepo, input_commit: str, config: ShardConfig, branch: str) -> dict:
     """The stage (Parquet to shards in the repository), then verification of every shard."""
     repo.create_branch(branch, "main")
-    result = run_shard_stage(repo, branch, config, input_commit)
+    result = run_stage(run_shard, repo, branch, input_commit, config)
     verification = verify_shards_at(repo, result.commit_id)
     if not verification.ok:
         raise SystemExit(f"verification failed: {[c.faults for c in verification.faulty]}")

@@ -26,7 +26,7 @@ from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish
 from formats import layout
 from tasks.dedup.task import dedup_task
 from tasks.ingest.task import ingest_task
-from tasks.mix import mix_task
+from tasks.mix.task import mix_task
 from tasks.shard.task import shard_task
 from tasks.stage import StageResult, config_hash
 from tasks.stage_task import IO_RETRIES

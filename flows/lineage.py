@@ -312,7 +312,7 @@ def _sources(repo: DataRepo, stages: tuple[StageCommit, ...]) -> tuple[dict[str,
     configured = (report.get("extra") or {}).get("sources")
     if configured:
         return tuple(configured)
-    counts = {"documents_in", "kept", "rejected", "partitions", "raw_parts"}
+    counts = {"documents_in", "kept", "rejected", "partitions", "parts", "raw_parts"}  # raw_parts: reports before 0.2
     return tuple(
         {"name": name, **{k: v for k, v in stats.items() if k not in counts}}
         for name, stats in sorted((report.get("per_source") or {}).items())

@@ -66,14 +66,14 @@ def plan_rollback(repo: DataRepo, to: str, hard: bool = False) -> RollbackPlan:
     if not repo.diff(target, main_head):
         raise RollbackRefused(f"main already holds the content of {to!r} ({target[:12]}): nothing to roll back")
     parents = {c.id: c.parents for c in repo.log(main_head)}
-    history = _ancestors(parents, main_head)
+    history = _reachable(parents, main_head)
     return RollbackPlan(
         target_ref=to,
         target=target,
         main_head=main_head,
         to_revert=_revertible_chain(parents, main_head, target),
         main_history=frozenset(history),
-        off_main=frozenset(history - _ancestors(parents, target)),
+        off_main=frozenset(history - _reachable(parents, target)),
         hard=hard,
     )
 
@@ -87,13 +87,14 @@ def refuse_while_publishing(repo: DataRepo) -> None:
         )
 
 
-def _ancestors(parents: dict[str, tuple[str, ...]], head: str) -> set[str]:
-    seen, todo = {head}, deque([head])
+def _reachable(edges: dict[str, list[str]] | dict[str, tuple[str, ...]], start: str) -> set[str]:
+    """``start`` and every commit reachable from it along ``edges`` (parents, or children)."""
+    seen, todo = {start}, deque([start])
     while todo:
-        for parent in parents.get(todo.popleft(), ()):
-            if parent not in seen:
-                seen.add(parent)
-                todo.append(parent)
+        for following in edges.get(todo.popleft(), ()):
+            if following not in seen:
+                seen.add(following)
+                todo.append(following)
     return seen
 
 
@@ -107,12 +108,7 @@ def _revertible_chain(parents: dict[str, tuple[str, ...]], head: str, target: st
     for commit_id, commit_parents in parents.items():
         for parent in commit_parents:
             children.setdefault(parent, []).append(commit_id)
-    descends, todo = {target}, deque([target])
-    while todo:
-        for child in children.get(todo.popleft(), ()):
-            if child not in descends:
-                descends.add(child)
-                todo.append(child)
+    descends = _reachable(children, target)
     chain, current = [], head
     while current != target and parents.get(current) and parents[current][0] in descends:
         chain.append(current)

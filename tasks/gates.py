@@ -292,8 +292,8 @@ def run_gate(checks: Iterable[GateCheck], run_name: str, coverage: Coverage, doc
                 check.suite
             )
             stored = load_suite(check.suite)
-            about = (stored.get("meta") or {}).get("notes", "")
-            notes = f"This run {coverage.sentence()}. {about}".strip()  # shown on the suite's Data Docs page
+            # GX shows a suite's notes on its Data Docs page: what this run read comes first
+            notes = f"This run {coverage.sentence()}. {stored.pop('notes', '')}".strip()
             suite = context.suites.add(gx.ExpectationSuite(**stored, notes=notes))
             definitions.append(
                 context.validation_definitions.add(gx.ValidationDefinition(name=check.suite, data=batch, suite=suite))

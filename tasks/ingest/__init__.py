@@ -1,7 +1,7 @@
 """The ingest stage: sources (directory trees, JSONL, Parquet) into normalised documents.
 
 Pure parts: :func:`plan_partitions` and :func:`ingest_partition` (Arrow tables out);
-:func:`run_ingest` writes and commits; :data:`ingest_task` is the Prefect task
+:func:`run_ingest` writes (:func:`tasks.stage.run_stage` commits); :data:`ingest_task` is the Prefect task
 (import it from ``tasks.ingest.task`` so the pure parts never import Prefect).
 """
 

@@ -48,14 +48,6 @@ class FilterStats:
         self.failed.update(other.failed)
         self.rules = self.rules or other.rules
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "documents_in": self.documents_in,
-            "kept": self.kept,
-            "rejected": dict(self.removed),
-            "failed": {rule: self.failed.get(rule, 0) for rule in self.rules},
-        }
-
 
 @dataclass(frozen=True)
 class ClassifierRule:

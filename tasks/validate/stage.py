@@ -9,32 +9,24 @@ ingest stage's report (``reports/ingest.json`` at the input commit): facts fixed
 from __future__ import annotations
 
 import json
-import logging
 from collections import Counter
 from typing import Any
 
 import pyarrow as pa
 
 from formats import layout
-from tasks.gates import (
-    DocumentSample,
-    GateCheck,
-    gate_stage,
-    stats_rows,
-    stats_table,
-)
-from tasks.parts import PartWriter, clear_prefix, iter_batches, read_parts
+from tasks.gates import DocumentSample
+from tasks.parts import iter_batches, read_parts
 from tasks.quality.classifier import load_factory
 from tasks.quality.code import CODE_RULES
 from tasks.quality.langid import check_languages
 from tasks.quality.prose import PROSE_RULES
 from tasks.schema import DOCUMENT_SCHEMA
-from tasks.stage import ConfigError, StageReport, StageResult, Stopwatch, commit_stage, config_hash
+from tasks.stage import ConfigError, StageReport, StageWriter
 from tasks.validate.config import ValidateConfig
 from tasks.validate.filters import SIGNAL_FIELDS, STAGE, ClassifierRule, FilterStats, apply_filters
 from versioning import DataRepo, NotFound
 
-log = logging.getLogger(__name__)
 MODEL_PATH = layout.QUALITY_CLASSIFIER
 GATE_COLUMNS = ["id", "source", "text", "locator", "meta", *(f.name for f in SIGNAL_FIELDS)]
 GATE_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, *SIGNAL_FIELDS, pa.field("text_chars", pa.int64())])
@@ -117,11 +109,9 @@ def train_classifier(
     return scorer, facts
 
 
-def run_validate(
-    repo: DataRepo, branch: str, config: ValidateConfig, input_commit: str, flow_run_id: str | None = None
-) -> StageResult:
-    """Filter every ingested source onto ``branch`` and commit; ValidateConfigError before
-    any work, ExpectationsFailed (nothing committed) when the output breaks its expectations."""
+def run_validate(repo: DataRepo, branch: str, input_commit: str, config: ValidateConfig) -> StageReport:
+    """Filter every ingested source onto ``branch``; ValidateConfigError before any work,
+    ExpectationsFailed (nothing committed) when the output breaks its expectations."""
     sources = read_sources(repo, input_commit)
     check_config(config, sources)
     if config.classifier.enabled:
@@ -130,75 +120,40 @@ def run_validate(
         except ValueError as exc:
             raise ValidateConfigError(str(exc)) from None
 
-    with Stopwatch() as clock:
-        for prefix in (layout.FILTERED, layout.quarantine_folder(STAGE), layout.data_docs_folder(STAGE)):
-            clear_prefix(repo, branch, prefix)
-        scorer, classifier_facts = train_classifier(repo, input_commit, config, sources)
-        if scorer is not None and (model := scorer.to_bytes()) is not None:
-            repo.put(branch, MODEL_PATH, model)
-        report = StageReport(stage=STAGE, extra={"classifier": classifier_facts})
-        sample = DocumentSample(config.gate.max_rows, GATE_COLUMNS)
-        stats_by_rule: list[dict[str, Any]] = []
-        for name, source in sources.items():
-            rule = None
-            if scorer is not None:
-                rule = ClassifierRule(
-                    scorer, apply_keep=config.classifier.filter_reference or not source["reference"]
-                )
-            totals, languages = FilterStats(), Counter()
-            with (
-                PartWriter(repo, branch, layout.source_folder(layout.FILTERED, name), config.rows_per_part) as kept_writer,
-                PartWriter(
-                    repo, branch, layout.quarantine_folder(STAGE, name), config.rows_per_part
-                ) as quarantine_writer,
-            ):
-                for batch in iter_batches(read_parts(repo, input_commit, layout.source_folder(layout.RAW, name)), config.batch_rows):
-                    kept, quarantined, stats = apply_filters(batch, name, source["kind"], config, rule)
-                    kept_writer.write(kept)
-                    quarantine_writer.write(quarantined)
-                    sample.add(kept)
-                    totals.add(stats)
-                    languages.update(lang for lang in kept.column("lang").to_pylist() if lang is not None)
-            report.documents_in += totals.documents_in
-            report.kept += totals.kept
-            for reason, count in totals.removed.items():
-                report.reject(reason, count)
-            report.per_source[name] = {
+    sample = DocumentSample(config.gate.max_rows, GATE_COLUMNS)
+    stage = StageWriter(
+        repo, branch, STAGE, documents=layout.FILTERED, rows_per_part=config.rows_per_part, sample=sample
+    )
+    scorer, stage.report.extra["classifier"] = train_classifier(repo, input_commit, config, sources)
+    if scorer is not None and (model := scorer.to_bytes()) is not None:
+        repo.put(branch, MODEL_PATH, model)
+    failed: dict[str, dict[str, int]] = {}  # source -> rule -> documents failing it
+    for name, source in sources.items():
+        rule = None
+        if scorer is not None:
+            rule = ClassifierRule(scorer, apply_keep=config.classifier.filter_reference or not source["reference"])
+        totals, languages = FilterStats(), Counter()
+        with stage.source(name) as out:
+            raw = read_parts(repo, input_commit, layout.source_folder(layout.RAW, name))
+            for batch in iter_batches(raw, config.batch_rows):
+                kept, quarantined, stats = apply_filters(batch, name, source["kind"], config, rule)
+                out.write(kept, quarantined)
+                totals.add(stats)
+                languages.update(lang for lang in kept.column("lang").to_pylist() if lang is not None)
+            failed[name] = {rule_name: totals.failed.get(rule_name, 0) for rule_name in totals.rules}
+            out.facts |= {
                 "kind": source["kind"],
                 "reference": source["reference"],
-                **totals.to_dict(),
+                "failed": failed[name],
                 "kept_languages": dict(languages.most_common(10)),
             }
-            stats_by_rule += stats_rows(
-                name,
-                totals.documents_in,
-                totals.kept,
-                {rule_name: totals.failed.get(rule_name, 0) for rule_name in totals.rules},
-                config.gate.rate_range,
-            )
-            log.info(
-                "validate %s: %d in, %d kept, removed %s",
-                name,
-                totals.documents_in,
-                totals.kept,
-                dict(totals.removed),
-            )
 
-        if config.gate.enabled:
-            with_documents = [n for n, s in sources.items() if s["kept"]]
-            checks = [
-                GateCheck(
-                    "filtered_documents",
-                    sample.table(GATE_SCHEMA),
-                    {"sources": with_documents, "max_text_chars": config.gate.max_text_chars},
-                    ["locator"],
-                ),
-                GateCheck("stage_stats", stats_table(stats_by_rule), {}, ["source", "rule"]),
-            ]
-            gate_stage(repo, branch, report, input_commit, checks, sample.coverage())
-        else:
-            report.commit_metadata["gate"] = "disabled"
-    report.seconds = clock.seconds
+    with_documents = [n for n, s in sources.items() if s["kept"]]
+    documents = {"sources": with_documents, "max_text_chars": config.gate.max_text_chars}
+    stage.gate_documents(
+        input_commit, config.gate, "filtered_documents", GATE_SCHEMA, documents, failed, config.gate.rate_range
+    )
+    report = stage.finish()
+    report.note = "classifier trained" if scorer is not None else "classifier off"
     report.commit_metadata["classifier"] = "trained" if scorer is not None else "off"
-    commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id)
-    return StageResult(stage=STAGE, commit_id=commit_id, report=report.to_dict())
+    return report

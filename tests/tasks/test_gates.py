@@ -16,6 +16,7 @@ from tasks.gates import Coverage, ExpectationsFailed, GateCheck, run_gate, stats
 from tasks.ingest import IngestConfig, SourceConfig, run_ingest
 from tasks.quality.prose import PROSE_RULES
 from tasks.schema import DOCUMENT_SCHEMA, document_id
+from tasks.stage import run_stage
 from tasks.validate import SIGNAL_FIELDS, ValidateConfig
 from tasks.validate.stage import run_validate
 from versioning import open_repo
@@ -101,7 +102,7 @@ def test_ingest_gate_blocks_the_stage_when_a_source_yields_nothing(tmp_path: Pat
         ExpectationsFailed,
         match=r"expect_column_distinct_values_to_contain_set\(source\): observed missing \['empty'\]",
     ):
-        run_ingest(repo, "curate-g", config, before)
+        run_stage(run_ingest, repo, "curate-g", before, config)
     assert repo.resolve("curate-g") == before  # nothing committed
     report = json.loads(repo.get("curate-g", "reports/ingest.json"))  # left staged for a person to read
     assert report["expectations"]["success"] is False
@@ -114,14 +115,9 @@ def test_validate_gate_blocks_the_stage_when_a_filter_removes_too_much(tmp_path:
     (tmp_path / "docs" / "short.txt").write_text("Only a few words here.")
     repo = open_repo(str(tmp_path / "repo"))
     repo.create_branch("curate-v", "main")
-    ingested = run_ingest(
-        repo,
-        "curate-v",
-        IngestConfig(
+    ingested = run_stage(run_ingest, repo, "curate-v", repo.resolve("curate-v"), IngestConfig(
             sources=[SourceConfig(name="docs", kind="prose", format="files", path=str(tmp_path / "docs"))]
-        ),
-        repo.resolve("curate-v"),
-    )
+        ))
     only_word_count = {
         "prose": dict.fromkeys(PROSE_RULES, {}) | {"word_count": {"min": 6}},
         "langid": {"enabled": False},
@@ -131,14 +127,14 @@ def test_validate_gate_blocks_the_stage_when_a_filter_removes_too_much(tmp_path:
         only_word_count | {"gate": {"removal_rate": {"word_count": {"max": 0.1}}}}
     )
     with pytest.raises(ExpectationsFailed) as error:
-        run_validate(repo, "curate-v", tight, ingested.commit_id)
+        run_stage(run_validate, repo, "curate-v", ingested.commit_id, tight)
     message = str(error.value)
     assert "validate gate failed 1/" in message
     assert "expect_column_pair_values_a_to_be_greater_than_b(max_removal_rate, removal_rate)" in message
     assert '"rule": "word_count"' in message and '"removal_rate": 0.2' in message
     assert repo.resolve("curate-v") == ingested.commit_id
 
-    passed = run_validate(repo, "curate-v", lenient, ingested.commit_id)
+    passed = run_stage(run_validate, repo, "curate-v", ingested.commit_id, lenient)
     assert passed.report["expectations"]["success"] is True
     assert repo.get_commit(passed.commit_id).metadata["gate"] == "passed"
 
@@ -157,7 +153,7 @@ def test_a_gate_on_a_sample_says_so_in_the_report_the_commit_and_the_data_docs(t
     repo.create_branch("curate-s", "main")
     base = repo.resolve("curate-s")
     source = SourceConfig(name="docs", kind="prose", format="files", path=str(tmp_path / "docs"))
-    sampled = run_ingest(repo, "curate-s", IngestConfig(sources=[source], gate={"max_rows": 2}), base)
+    sampled = run_stage(run_ingest, repo, "curate-s", base, IngestConfig(sources=[source], gate={"max_rows": 2}))
 
     gate = sampled.report["expectations"]
     run_name = f"ingest-{base[:12]}-sample-2-of-5"
@@ -172,7 +168,7 @@ def test_a_gate_on_a_sample_says_so_in_the_report_the_commit_and_the_data_docs(t
     assert not any("__none__" in p for p in pages), "every run is filed under its name"
 
     repo.create_branch("curate-a", "main")
-    whole = run_ingest(repo, "curate-a", IngestConfig(sources=[source]), base)
+    whole = run_stage(run_ingest, repo, "curate-a", base, IngestConfig(sources=[source]))
     assert whole.report["expectations"]["sampled"] is False
     assert whole.report["expectations"]["run_name"] == f"ingest-{base[:12]}-all-5"
     assert "checked all 5 documents" in _docs(repo, whole.commit_id, "ingest")["expectations/raw_documents.html"]

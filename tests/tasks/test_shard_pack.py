@@ -11,8 +11,15 @@ import pytest
 
 from formats.shards import read_shard
 from tasks.shard.config import ShardConfig
-from tasks.shard.pack import INVALID_WEIGHT, Packer, RowSpill, balanced_sizes, repeat_counts, with_eod
-from tasks.shard.stage import pack_source
+from tasks.shard.pack import (
+    INVALID_WEIGHT,
+    Packer,
+    RowSpill,
+    balanced_sizes,
+    pack_source,
+    repeat_counts,
+    with_eod,
+)
 from tasks.tokenize import Encoder, train_tokenizer
 
 EOD = "<|endoftext|>"
