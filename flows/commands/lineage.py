@@ -70,7 +70,8 @@ def run_lineage(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_lineage(repo: Any, args: argparse.Namespace) -> int:
-    from flows.lineage import checkpoint_lineage, step_positions
+    from flows.lineage import checkpoint_lineage
+    from flows.step_samples import step_positions
 
     found = checkpoint_lineage(repo, args.ref)
     positions = step_positions(repo, found.checkpoint, args.step) if args.step is not None else None
