@@ -198,10 +198,13 @@ def test_rerunning_on_the_same_branch_replaces_its_outputs(repo):
 
 
 def test_same_documents_same_output_whatever_the_partitioning(tmp_path):
-    parts, _ = web_and_code()
+    parts, name = web_and_code()
+    clusters = [("a", "a_near"), ("b", "b_ws", "b_code"), ("c", "c_near")]
+    survivors = {min(name[k] for k in cluster) for cluster in clusters}  # no quality: smallest id
+    planted = {name[k] for cluster in clusters for k in cluster} - survivors
     docs = {s: pa.concat_tables(t) for s, t in parts.items()}
     outputs = []
-    for k, split in enumerate([1, 2]):
+    for k, split in enumerate([1, 2, 3]):
         repo = LocalRepo(tmp_path / f"repo{k}")
         repo.ensure()
         layout = {s: [t.slice(i, split) for i in range(0, t.num_rows, split)][::-1] for s, t in docs.items()}
@@ -215,7 +218,10 @@ def test_same_documents_same_output_whatever_the_partitioning(tmp_path):
             )
         )
         repo.close()
-    assert outputs[0] == outputs[1]
+        removed = outputs[-1][1]
+        assert set(removed) == planted, f"parts of {split} rows: the planted duplicates go, and only they"
+        assert {reason for reason, _ in removed.values()} == {"exact_duplicate", "near_duplicate"}
+    assert outputs[0] == outputs[1] == outputs[2]
 
 
 def test_best_quality_survives_and_soft_mode_keeps_everyone_with_weights(repo):
