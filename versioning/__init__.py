@@ -18,6 +18,7 @@ from versioning.port import (
     RepoError,
     TransientError,
     validate_branch,
+    validate_key,
     validate_path,
     validate_tag,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "default_repo_spec",
     "open_repo",
     "validate_branch",
+    "validate_key",
     "validate_path",
     "validate_tag",
 ]
