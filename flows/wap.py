@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
+from flows import publish_guard
 from formats import layout
 from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX
 from tasks.stage import tokenlake_version
@@ -49,8 +50,13 @@ def open_run_branch(repo: DataRepo, branch: str) -> str:
     A retried flow run (same id) may find its branch left by a killed attempt: it starts
     over from main's head, without the killed attempt's uncommitted writes (a hard reset
     keeps them, as in lakeFS; no one else writes to a run's branch); the killed attempt's
-    finished stages come back from the cache.
+    finished stages come back from the cache. A repository that holds no dataset version yet
+    first gets the publish guard on main (:mod:`flows.publish_guard`), so that lakeFS and the
+    local repository refuse ungated merges from the start; an older repository gets it from
+    ``tokenlake repo install-hooks``.
     """
+    if not any(tag.startswith(TAG_PREFIX) for tag in repo.list_tags()):
+        publish_guard.install(repo, MAIN)
     try:
         return repo.create_branch(branch, MAIN)
     except Conflict:
@@ -182,7 +188,12 @@ def publish(
     flow_run_id: str,
     gates_hash: str,
 ) -> PublishedVersion:
-    """Merge ``run_head`` into main and tag it; idempotent, so a retried task never publishes twice."""
+    """Merge ``run_head`` into main and tag it; idempotent, so a retried task never publishes twice.
+
+    Called once the flow's publish gates held (``flows.curate.check_gates``). The merge commit
+    records that (``gate``), and each stage commit's own gate (``gates``), for the commit it merges
+    (``input_commit``): what the publish guard's pre-merge hook requires.
+    """
     with publish_lock(repo, flow_run_id):
         done = _merged_by(repo, run_head)
         if done:
@@ -201,6 +212,8 @@ def publish(
             "tokenlake_version": tokenlake_version(),
             "tag": tag,
             "chain": json.dumps([asdict(link) for link in chain]),
+            "gate": "passed",
+            "gates": json.dumps(stage_gates(repo, chain), sort_keys=True),
         }
         try:
             merged = repo.merge(run_head, MAIN, f"publish {tag}", metadata)
@@ -208,6 +221,16 @@ def publish(
             return _already_on_main(repo, repo.resolve(MAIN))
         repo.create_tag(tag, merged)
         return PublishedVersion(tag, merged, new=True)
+
+
+def stage_gates(repo: DataRepo, chain: list[ChainLink]) -> dict[str, str]:
+    """Each gated stage's verdict, as its commit records it (``gate``: passed, failed or disabled)."""
+    gates = {}
+    for link in chain:
+        verdict = repo.get_commit(link.commit).metadata.get("gate")
+        if verdict is not None:
+            gates[link.stage] = verdict
+    return gates
 
 
 def _already_on_main(repo: DataRepo, main_head: str) -> PublishedVersion:

@@ -14,6 +14,8 @@ repository through this module (DESIGN.md section 3), so moving one is one edit 
     mix.json                                         the mixture plan
     reports/<stage>.json                             counts, timings, Great Expectations results
     reports/data_docs/<stage>/...                    Great Expectations Data Docs of a stage's gate
+    _lakefs_actions/tokenlake_publish_guard.yaml     the publish guard lakeFS runs before a merge
+    _tokenlake/hooks/publish_gates.lua               ... and its script
 
 and, on branch ``runs``, the training lineage records (``runs/<run>/...``).
 """
@@ -31,6 +33,11 @@ MAIN = "main"  # published dataset versions
 LINEAGE_BRANCH = "runs"  # training lineage records
 RUN_BRANCH_PREFIX = "curate-"  # + flow run id: one curate run's working branch (lakeFS forbids '/')
 PUBLISH_LOCK_BRANCH = "lock-publish"
+
+# ---- the publish guard on main, read by lakeFS (flows/publish_guard/) ---------------------
+
+PUBLISH_GUARD_ACTION = "_lakefs_actions/tokenlake_publish_guard.yaml"  # lakeFS reads actions there
+PUBLISH_GUARD_SCRIPT = "_tokenlake/hooks/publish_gates.lua"
 
 # ---- documents: <folder>/<source>/part-NNNNN.parquet ---------------------------------------
 

@@ -38,7 +38,7 @@ from training.checkpoint import (
 )
 from training.config import TrainConfig
 from training.data import Loader, ShardCache, describe_samples, open_dataset
-from training.distributed import DistContext, close_distributed, init_distributed
+from training.distributed import DistContext, close_distributed, elastic_restart_count, init_distributed
 from training.errors import TrainingError
 from training.faults import FaultInjector
 from training.lineage import LineageWriter
@@ -299,7 +299,8 @@ class Trainer:
     def resume(self) -> None:
         """Apply the resume policy: start fresh (writing step 0) or continue from the newest valid checkpoint."""
         info = self._find_checkpoint()
-        if info is not None and self.cfg.resume == "never":
+        # "never" refuses an earlier run's checkpoints, not those of this job before torchrun restarted it
+        if info is not None and self.cfg.resume == "never" and not elastic_restart_count():
             raise TrainingError(
                 f"run {self.cfg.run!r} already has checkpoints in {self.checkpoint_dir}; use another run "
                 "name, or resume it (--resume auto)"
