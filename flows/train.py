@@ -34,6 +34,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel, ConfigDict, Field
 
+from formats.layout import MAIN
 from training.checkpoint import list_checkpoints
 from training.config import ModelConfig, PresetName, ResumePolicy, TrainConfig
 from training.launch import LaunchConfig, torchrun_command, write_launch_file
@@ -49,7 +50,7 @@ class TrainParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dataset: str = Field(default="main", description="dataset ref: a tag, branch or commit id")
+    dataset: str = Field(default=MAIN, description="dataset ref: a tag, branch or commit id")
     run: str | None = Field(default=None, description="run name; default <preset>-<commit prefix>")
     preset: PresetName = Field(default="tiny", description="model size")
     steps: int = Field(default=200, ge=1, description="optimizer steps to reach")

@@ -23,12 +23,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from flows import publish_guard
-from tasks.io import tokenlake_version
+from formats import layout
+from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX
+from tasks.stage import tokenlake_version
 from versioning import Commit, Conflict, DataRepo, NoChanges, NotFound
 
-MAIN = "main"
-RUN_BRANCH_PREFIX = "curate-"
-PUBLISH_LOCK_BRANCH = "lock-publish"
 TAG_PREFIX = "ds-"
 PUBLISH_STAGE = "publish"
 
@@ -277,7 +276,7 @@ def list_versions(repo: DataRepo) -> list[DatasetVersion]:
 
 def _tokens_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
     try:
-        manifest = json.loads(repo.get(ref, "shards/manifest.json"))
+        manifest = json.loads(repo.get(ref, layout.MANIFEST))
     except NotFound:
         return {}
     return {source: int(stats.get("tokens", 0)) for source, stats in sorted(manifest.get("sources", {}).items())}
@@ -286,7 +285,7 @@ def _tokens_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
 def _documents_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
     """Documents that reached the shards: the dedup stage's kept count per source."""
     try:
-        report = json.loads(repo.get(ref, "reports/dedup.json"))
+        report = json.loads(repo.get(ref, layout.report_path("dedup")))
     except NotFound:
         return {}
     return {source: int(stats.get("kept", 0)) for source, stats in sorted(report.get("per_source", {}).items())}

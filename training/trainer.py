@@ -32,10 +32,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from formats.layout import checkpoint_record_path, event_record_path
 from training.checkpoint import (
+    META,
     CheckpointInfo,
     CheckpointManager,
     SaveTiming,
@@ -49,7 +50,7 @@ from training.data import Batch, Loader, ShardCache, describe_samples, open_data
 from training.distributed import DistContext, close_distributed, elastic_restart_count, init_distributed
 from training.errors import TrainingError
 from training.faults import FaultInjector
-from training.lineage import LineageWriter, checkpoint_record_path, event_record_path
+from training.lineage import LineageWriter
 from training.membudget import choose_micro_batch
 from training.metrics import (
     MetricsLog,
@@ -66,16 +67,21 @@ from training.runstate import (
     autocast_dtype,
     code_version,
     deterministic_kernels,
-    rng_state,
     seed_everything,
-    set_rng_state,
 )
 from training.stability import Rollback, SpikeDetector
-from training.statedicts import UnshardedStateDicts
-from versioning import open_repo
-
-_FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # fresh CPU copies (FSDP gathers)
-_PAYLOAD = ("model.pt", "optim.pt", "state.pt")
+from training.train_state import (
+    ModelState,
+    OptimizerState,
+    RNGState,
+    Slot,
+    States,
+    TrainProgress,
+    collect_states,
+    restore_states,
+    tensor_files,
+)
+from versioning import default_repo_spec, open_repo
 
 
 class DataChangeRefused(TrainingError):
@@ -113,26 +119,42 @@ class Trainer:
         self.run_dir = config.run_dir()
         self.checkpoint_dir = self.run_dir / "checkpoints"
         self.accumulation = config.accumulation_steps(dist.world_size)
+        self.repo_spec = config.repo or default_repo_spec()
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
+        # the order matters: the model's initialisation draws from the RNG seeded here
+        self._build_data()
+        self._build_model()
+        self._build_loader()
+        self._build_evaluation()
+        self._build_checkpointing()
+        self.metrics: MetricsLog | None = None
+        self.samples_log = (
+            (self.run_dir / f"samples-rank{dist.rank}-of-{dist.world_size}.jsonl").open("a")
+            if config.log_samples
+            else None
+        )
 
-        # data: bind to the commit, fill and verify the shard cache (one process per machine)
-        repo_spec = config.repo or os.environ.get("TOKENLAKE_REPO") or str(config.home_dir() / "repo")
-        repo = open_repo(repo_spec, create=False)
-        commit = dist.broadcast(repo.resolve(config.commit) if dist.is_main else None)
+    # ---- builders ------------------------------------------------------------------------
+
+    def _build_data(self) -> None:
+        """Bind to the data commit; fill and verify the shard cache (one process per machine)."""
+        repo = open_repo(self.repo_spec, create=False)
+        commit = self.dist.broadcast(repo.resolve(self.cfg.commit) if self.dist.is_main else None)
         self.binding, self.dataset = open_dataset(
             repo,
-            repo_spec,
+            self.repo_spec,
             commit,
-            ShardCache(config.cache_dir(), warn=self.say),
-            config.data.heldout_fraction,
-            fetch=dist.local_rank == 0,
-            barrier=dist.barrier,
+            ShardCache(self.cfg.cache_dir(), warn=self.say),
+            self.cfg.data.heldout_fraction,
+            fetch=self.dist.local_rank == 0,
+            barrier=self.dist.barrier,
         )
-        manifest = self.dataset.manifest
 
-        # model, optimizer and their companions
+    def _build_model(self) -> None:
+        """The model (parallelised), its optimizer, LR schedule, autocast and gradient scaler."""
+        config, manifest = self.cfg, self.dataset.manifest
         seed_everything(config.seed)
         gpt_config = config.model.gpt_config(
             manifest.vocab_size, manifest.seq_len, config.perf.loss_chunk_tokens
@@ -145,7 +167,7 @@ class Trainer:
             else nullcontext()
         )
         self.micro_batch = self._choose_micro_batch(manifest.vocab_size, manifest.seq_len)
-        self.accumulation = config.global_batch // (self.micro_batch * dist.world_size)
+        self.accumulation = config.global_batch // (self.micro_batch * self.dist.world_size)
         self.ddp: DistributedDataParallel | None = None
         self.sharded = False
         self.model = self._parallelize(self.raw_model)
@@ -157,20 +179,28 @@ class Trainer:
             fused=self.device.type == "cuda" and config.perf.fused_optimizer,
         )
         self.schedule = WarmupCosine(config.optim, config.steps)
-        self.live_state_dicts = UnshardedStateDicts(self.raw_model, self.optimizer)  # for host staging
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+        self.flops_per_token = self.raw_model.flops_per_token(manifest.seq_len)
+        self.peak = peak_flops(self.device, config.peak_flops)
+
+    def _build_loader(self) -> None:
+        """This rank's batches, and the spike detector that judges each step."""
+        config = self.cfg
         self.loader = Loader(
             self.dataset,
             config.global_batch,
             self.micro_batch,
-            dist.rank,
-            dist.world_size,
+            self.dist.rank,
+            self.dist.world_size,
             config.data.prefetch_batches,
             pin_memory=self.device.type == "cuda",
         )
         stability = config.stability
         self.detector = SpikeDetector(stability.window, stability.zscore, stability.min_history)
-        # whole global batches of held-out sequences, so every world size evaluates the same ones
+
+    def _build_evaluation(self) -> None:
+        """Whole global batches of held-out sequences, so every world size evaluates the same ones."""
+        config = self.cfg
         self.eval_ids = self.dataset.heldout_ids(
             config.data.eval_sequences // config.global_batch * config.global_batch
         )
@@ -178,18 +208,30 @@ class Trainer:
             self.say("evaluation is off: fewer held-out sequences than one global batch")
             self.eval_ids = (self.eval_ids[0][:0], self.eval_ids[1][:0])
 
-        # run state
-        self.step = 0
-        self.tokens = 0
-        self.rollbacks: list[dict] = []
-        self.data_changes: list[dict] = []
+    def _build_checkpointing(self) -> None:
+        """What a checkpoint holds (``states``), where it goes, and what is recorded about it."""
+        config, dist = self.cfg, self.dist
+        self.progress = TrainProgress()
         self.last_metrics: dict[str, Any] = {}
         self.code_version = code_version()
-        self.flops_per_token = self.raw_model.flops_per_token(manifest.seq_len)
-        self.peak = peak_flops(self.device, config.peak_flops)
+        # Every piece of state a checkpoint holds, and where: saving and loading both walk this
+        # (training/train_state.py). Loading goes in this order: progress before the RNG.
+        self.states: States = {
+            "progress": (self.progress, Slot(META)),  # step, tokens, rollbacks, data changes
+            "loader": (self.loader, Slot(META, "loader")),  # sample cursor, skipped windows
+            "model": (ModelState(self.raw_model, live=self._stages_live_state()), Slot("model.pt")),
+            "optimizer": (
+                OptimizerState(self.raw_model, self.optimizer, live=self._stages_live_state()),
+                Slot("optim.pt"),
+            ),
+            "schedule": (self.schedule, Slot("state.pt", "schedule")),
+            "scaler": (self.scaler, Slot("state.pt", "scaler")),
+            "detector": (self.detector, Slot("state.pt", "detector")),
+            "rng": (RNGState(dist, self.device, config.seed, self.progress), Slot("state.pt", "rng")),
+        }
         self.lineage = (
             LineageWriter(
-                lambda: open_repo(repo_spec, create=False),
+                lambda: open_repo(self.repo_spec, create=False),
                 config.run,
                 self.run_dir / "lineage-queue",
                 warn=self.say,
@@ -211,12 +253,6 @@ class Trainer:
         self.optimizer.register_step_pre_hook(lambda *_: checkpoints.fence())
         self.faults = FaultInjector(
             config.faults, self.run_dir, dist.gather(os.getpid()), dist.is_main, settle=self.checkpoints.wait
-        )
-        self.metrics: MetricsLog | None = None
-        self.samples_log = (
-            (self.run_dir / f"samples-rank{dist.rank}-of-{dist.world_size}.jsonl").open("a")
-            if config.log_samples
-            else None
         )
 
     # ---- setup helpers -------------------------------------------------------------------
@@ -291,31 +327,12 @@ class Trainer:
         saves) or take the fresh CPU copies ``get_state_dict`` makes (FSDP gathers; sync saves)."""
         return self.cfg.checkpoint.async_save and not self.sharded
 
-    def _state_for_checkpoint(self) -> tuple[dict, dict]:
-        if self._stages_live_state():
-            model_state, optim_state = self.live_state_dicts()
-        else:
-            model_state, optim_state = get_state_dict(self.raw_model, self.optimizer, options=_FULL_STATE)
-        rng = self.dist.gather(rng_state(self.device))
-        tensors = {
-            "model.pt": model_state,
-            "optim.pt": optim_state,
-            "state.pt": {
-                "schedule": self.schedule.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "detector": self.detector.state_dict(),
-                "rng": rng,
-            },
-        }
-        meta = {
-            "step": self.step,
-            "tokens": self.tokens,
+    def _description(self) -> dict[str, Any]:
+        """What ``meta.json`` says about a checkpoint besides its state (never loaded back)."""
+        return {
             "run": self.cfg.run,
             "world_size": self.dist.world_size,
             "micro_batch": self.micro_batch,
-            "loader": self.loader.state_dict(),
-            "rollbacks": self.rollbacks,
-            "data_changes": self.data_changes,
             "data": self.binding.to_dict(),
             "config": self.cfg.model_dump(mode="json"),
             "code_version": self.code_version,
@@ -323,22 +340,21 @@ class Trainer:
             "metrics": self.last_metrics,
             "saved_at": time.time(),
         }
-        return tensors, meta
 
     def save_checkpoint(self) -> SaveTiming:
         """Checkpoint the current step; returns what it cost rank 0 (zeros on other ranks). The
         stall counts everything the training thread did for it: collecting the state dicts too."""
         started = time.perf_counter()
-        tensors, meta = self._state_for_checkpoint()
+        tensors, state_meta = collect_states(self.states)  # on every rank: some pieces are collectives
         if not self.dist.is_main:
             return SaveTiming(0.0, 0.0, None, 0)
-        step = self.step
+        step = self.progress.step
         timing = self.checkpoints.save(
             step,
             tensors,
-            meta,
+            state_meta | self._description(),
             before_complete=lambda: self.faults.kill_point("save", step),
-            copied=not self._stages_live_state(),
+            copied=not self._stages_live_state(),  # then get_state_dict made fresh CPU copies
         )
         timing = dataclasses.replace(timing, stall_s=time.perf_counter() - started)
         if timing.waited_for_step is not None:
@@ -368,26 +384,7 @@ class Trainer:
         return self.dist.broadcast(found)
 
     def _load(self, info: CheckpointInfo) -> None:
-        payload = load_payload(info, _PAYLOAD)
-        set_state_dict(
-            self.raw_model,
-            self.optimizer,
-            model_state_dict=payload["model.pt"],
-            optim_state_dict=payload["optim.pt"],
-            options=StateDictOptions(full_state_dict=True),
-        )
-        state = payload["state.pt"]
-        self.schedule.load_state_dict(state["schedule"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.detector.load_state_dict(state["detector"])
-        meta = info.meta
-        self.step, self.tokens = meta["step"], meta["tokens"]
-        self.rollbacks, self.data_changes = list(meta["rollbacks"]), list(meta["data_changes"])
-        self.loader.load_state_dict(meta["loader"])
-        if len(state["rng"]) == self.dist.world_size:
-            set_rng_state(state["rng"][self.dist.rank], self.device)
-        else:  # another world size: per-rank streams cannot carry over; derive them from the step
-            seed_everything(self.cfg.seed + 1_000_003 * self.step + self.dist.rank)
+        restore_states(self.states, load_payload(info, tensor_files(self.states)) | {META: info.meta})
 
     def resume(self) -> None:
         """Apply the resume policy: start fresh (writing step 0) or continue from the newest valid checkpoint."""
@@ -411,19 +408,20 @@ class Trainer:
                 "or start a new run"
             )
         self._load(info)
-        self.say(f"resumed from {info.path.name} (step {self.step}, {self.tokens} tokens)")
+        self.say(f"resumed from {info.path.name} (step {self.progress.step}, {self.progress.tokens} tokens)")
         if changed:
             event = {
-                "step": self.step,
+                "step": self.progress.step,
                 "from": info.meta["data"],
                 "to": self.binding.to_dict(),
                 "allowed_by": "resume=allow-data-change",
             }
-            self.data_changes.append(event)
+            self.progress.data_changes.append(event)
             self.say(f"continuing on other data, as allowed: {'; '.join(changed)}")
             if self.lineage:
                 self.lineage.record(
-                    event_record_path(self.cfg.run, "data-change", self.step), {**event, "run": self.cfg.run}
+                    event_record_path(self.cfg.run, "data-change", self.progress.step),
+                    {**event, "run": self.cfg.run},
                 )
 
     # ---- the loop ------------------------------------------------------------------------
@@ -431,9 +429,9 @@ class Trainer:
     def _rollback(self, bad: _Step, reason: str, loss: float) -> None:
         """Go back to the newest checkpoint before ``bad`` and skip its samples from then on."""
         batch = bad.batch
-        if len(self.rollbacks) >= self.cfg.stability.max_rollbacks:
+        if len(self.progress.rollbacks) >= self.cfg.stability.max_rollbacks:
             raise TrainingError(
-                f"step {bad.number} is bad ({reason}) after {len(self.rollbacks)} rollbacks, the most "
+                f"step {bad.number} is bad ({reason}) after {len(self.progress.rollbacks)} rollbacks, the most "
                 "allowed (stability.max_rollbacks): the run diverges; lower the learning rate or check the data"
             )
         if self.dist.is_main:
@@ -445,9 +443,9 @@ class Trainer:
                 f"step {bad.number} is bad ({reason}) and no valid checkpoint is left to roll back to"
             )
         event = Rollback(bad.number, info.step, batch.start, batch.end, reason, loss).to_dict()
-        rollbacks, skipped = [*self.rollbacks, event], self.loader.skipped
+        rollbacks, skipped = [*self.progress.rollbacks, event], self.loader.skipped
         self._load(info)
-        self.rollbacks = rollbacks
+        self.progress.rollbacks = rollbacks
         for start, end in [*skipped, (batch.start, batch.end)]:
             self.loader.skip(start, end)
         # Re-save the step we went back to, now carrying the skip: a crash before the next
@@ -497,7 +495,7 @@ class Trainer:
                 loss = loss / self.accumulation
             self.scaler.scale(loss).backward()
             loss_sum += loss.detach().float()
-        self.faults.kill_point("step", self.step + 1)
+        self.faults.kill_point("step", self.progress.step + 1)
         mean_loss = self.dist.mean(loss_sum)
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.optim.grad_clip or math.inf
@@ -506,18 +504,18 @@ class Trainer:
             grad_norm = grad_norm.full_tensor()
         if self.scaler.is_enabled():  # float16: inf gradients are the loss scaler's to handle
             grad_norm = torch.zeros_like(mean_loss)
-        return _Step(self.step + 1, batch, mean_loss, grad_norm.float(), data_wait)
+        return _Step(self.progress.step + 1, batch, mean_loss, grad_norm.float(), data_wait)
 
     def _apply(self, step: _Step) -> None:
-        step.lr = self.schedule.lr(self.step)
+        step.lr = self.schedule.lr(self.progress.step)
         for group in self.optimizer.param_groups:
             group["lr"] = step.lr
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        self.tokens += self.cfg.global_batch * self.dataset.seq_len
-        step.tokens = self.tokens
+        self.progress.step += 1
+        self.progress.tokens += self.cfg.global_batch * self.dataset.seq_len
+        step.tokens = self.progress.tokens
 
     def _judge(self, steps: list[_Step]) -> bool:
         """Read the steps' losses and norms (one host sync for all) and judge them in order. A bad
@@ -542,7 +540,7 @@ class Trainer:
 
     def _judgement_due(self) -> bool:
         """Whether the step just applied ends a window (checkpoint, evaluation, the last step)."""
-        step = self.step
+        step = self.progress.step
         evaluates = self.cfg.eval_every and len(self.eval_ids[0]) and step % self.cfg.eval_every == 0
         return step % self.cfg.checkpoint.every == 0 or step == self.cfg.steps or bool(evaluates)
 
@@ -552,16 +550,16 @@ class Trainer:
         if (
             self.cfg.eval_every
             and len(self.eval_ids[0])
-            and (self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps)
+            and (self.progress.step % self.cfg.eval_every == 0 or self.progress.step == self.cfg.steps)
         ):
             eval_loss = self._evaluate()
             self.last_metrics["eval_loss"] = eval_loss
             if self.metrics:
                 self.metrics.write(
-                    {"kind": "eval", "step": self.step, "eval_loss": eval_loss, "time": time.time()}
+                    {"kind": "eval", "step": self.progress.step, "eval_loss": eval_loss, "time": time.time()}
                 )
-        if self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.steps:
-            self.last_metrics.update(loss=steps[-1].values[0], step=self.step)
+        if self.progress.step % self.cfg.checkpoint.every == 0 or self.progress.step == self.cfg.steps:
+            self.last_metrics.update(loss=steps[-1].values[0], step=self.progress.step)
             timing = self.save_checkpoint()
             extra = {
                 "ckpt_stall_ms": 1000 * timing.stall_s,
@@ -607,12 +605,12 @@ class Trainer:
         self.resume()
         if self.dist.is_main:
             self.metrics = MetricsLog(
-                self.run_dir / "metrics.jsonl", self.cfg.steps, self.step, self.cfg.progress
+                self.run_dir / "metrics.jsonl", self.cfg.steps, self.progress.step, self.cfg.progress
             )
             self.metrics.write(
                 {
                     "kind": "resume",
-                    "step": self.step,
+                    "step": self.progress.step,
                     "world_size": self.dist.world_size,
                     "micro_batch": self.micro_batch,
                     "data_commit": self.binding.commit,
@@ -623,7 +621,7 @@ class Trainer:
         self._clock = (time.perf_counter(), time.process_time())
         sync_every = self.cfg.perf.sync_every
         unjudged: list[_Step] = []  # applied, loss not read yet (sync_every > 1)
-        while self.step < self.cfg.steps:
+        while self.progress.step < self.cfg.steps:
             step = self._train_step(self.loader.next_batch())
             if sync_every == 1:  # judge before applying: one host sync per step
                 if self._judge([step]):
@@ -665,7 +663,7 @@ class Trainer:
         self.close()
         if not self.dist.is_main:
             self.dist.barrier()
-            return TrainResult(self.run_dir, self.step, self.tokens, {}, None)
+            return TrainResult(self.run_dir, self.progress.step, self.progress.tokens, {}, None)
         records = read_metrics(self.run_dir / "metrics.jsonl")
         summary = summarize(records)
         if self.cfg.report:
@@ -676,7 +674,11 @@ class Trainer:
         self.dist.barrier()
         saved = list_checkpoints(self.checkpoint_dir)
         return TrainResult(
-            self.run_dir, self.step, self.tokens, summary, str(saved[-1].path) if saved else None
+            self.run_dir,
+            self.progress.step,
+            self.progress.tokens,
+            summary,
+            str(saved[-1].path) if saved else None,
         )
 
 

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 
+from formats.layout import MAIN as DEFAULT_REF
 from versioning import Commit, DataRepo
 
-DEFAULT_REF = "main"
 SHORT_ID = 12
 
 

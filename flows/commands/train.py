@@ -15,6 +15,7 @@ import argparse
 import json
 from typing import Any
 
+from formats.layout import MAIN
 from training.config import MODEL_PRESETS
 
 
@@ -23,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train", help="train a GPT on a dataset commit (Prefect flow running torchrun)"
     )
     parser.add_argument(
-        "--dataset", default="main", metavar="REF", help="tag, branch or commit id (default: main)"
+        "--dataset", default=MAIN, metavar="REF", help=f"tag, branch or commit id (default: {MAIN})"
     )
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps to reach (default: 200)")
     parser.add_argument(

@@ -20,12 +20,12 @@ from importlib.resources import files
 
 import yaml
 
-from tasks.io import tokenlake_version
+from formats.layout import MAIN as GUARDED_BRANCH
+from formats.layout import PUBLISH_GUARD_ACTION as ACTION_PATH
+from formats.layout import PUBLISH_GUARD_SCRIPT as SCRIPT_PATH
+from tasks.stage import tokenlake_version
 from versioning import DataRepo, NotFound
 
-ACTION_PATH = "_lakefs_actions/tokenlake_publish_guard.yaml"
-SCRIPT_PATH = "_tokenlake/hooks/publish_gates.lua"
-GUARDED_BRANCH = "main"
 INSTALL_STAGE = "install-hooks"
 
 

@@ -16,9 +16,9 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from flows import publish_guard
-from flows.chain import STAGES
 from flows.curate import curate
 from flows.wap import MAIN, RUN_BRANCH_PREFIX
+from formats.layout import STAGES
 from tests.flows.curate_support import column, params_for, stage_outcomes, write_corpus
 from tests.lakefs_double import FaultConfig, LakeFSDouble
 from versioning import HookFailed, NotFound

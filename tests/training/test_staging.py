@@ -7,13 +7,18 @@ import io
 
 import pytest
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+)
 
 from training.checkpoint import CheckpointManager, load_payload, newest_valid, write_checkpoint
 from training.model import GPT, GPTConfig
 from training.runstate import rng_state
 from training.staging import HostStaging
-from training.statedicts import UnshardedStateDicts
+from training.train_state import ModelState, OptimizerState
 
 PAYLOAD = ("model.pt", "optim.pt", "state.pt")
 
@@ -110,25 +115,29 @@ def test_staging_names_a_tensor_it_cannot_stage():
         staging.stage({"model.pt": {"w": torch.nn.Parameter(torch.zeros(2))}})
 
 
-def test_the_unsharded_state_dicts_are_get_state_dicts_own_without_its_cost():
+def test_live_state_dicts_are_get_state_dicts_own_without_its_cost():
     model, optimizer = trained()
-    fast = UnshardedStateDicts(model, optimizer)
-    expected_model, expected_optim = get_state_dict(
-        model, optimizer, options=StateDictOptions(full_state_dict=True)
+    full = StateDictOptions(full_state_dict=True)
+    pieces = (
+        (ModelState(model, live=True), get_model_state_dict(model, options=full)),
+        (
+            OptimizerState(model, optimizer, live=True),
+            get_optimizer_state_dict(model, optimizer, options=full),
+        ),
     )
-    model_state, optim_state = fast()
-    assert list(model_state) == list(expected_model) and "lm_head.weight" in model_state  # the tied head too
-    assert all(model_state[k].data_ptr() == expected_model[k].data_ptr() for k in model_state)  # live tensors
-    for ours, theirs in ((model_state, expected_model), (optim_state, expected_optim)):
-        a, b = io.BytesIO(), io.BytesIO()
-        torch.save(ours, a)
-        torch.save(theirs, b)
-        assert a.getvalue() == b.getvalue()
+    model_state = pieces[0][0].state_dict()
+    assert "lm_head.weight" in model_state  # the tied head too
+    assert all(model_state[k].data_ptr() == v.data_ptr() for k, v in model.state_dict().items())  # no copies
+    for piece, expected in pieces:
+        ours, theirs = io.BytesIO(), io.BytesIO()
+        torch.save(piece.state_dict(), ours)
+        torch.save(expected, theirs)
+        assert ours.getvalue() == theirs.getvalue()
 
 
 def test_before_the_first_step_the_optimizer_state_is_created_as_get_state_dict_does():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    _, optim_state = UnshardedStateDicts(model, optimizer)()
+    optim_state = OptimizerState(model, optimizer, live=True).state_dict()
     assert optim_state["state"]["wte.weight"]["step"].item() == 1.0  # the zero-learning-rate step
