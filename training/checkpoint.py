@@ -308,6 +308,10 @@ class CheckpointManager:
         removed = []
         for c in checkpoints:
             if c.step not in keep and not c.meta.get("milestone"):
-                shutil.rmtree(c.path, ignore_errors=True)
+                # renamed first, so a crash half-way through the delete leaves a .trash-* directory
+                # (swept at the next start), never a step-* directory with files missing
+                trash = self.directory / f".trash-{c.path.name}-{os.getpid()}"
+                os.rename(c.path, trash)
+                shutil.rmtree(trash, ignore_errors=True)
                 removed.append(c.path)
         return removed

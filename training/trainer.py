@@ -43,6 +43,7 @@ from training.faults import FaultInjector
 from training.lineage import LineageWriter, checkpoint_record_path, event_record_path
 from training.metrics import (
     MetricsLog,
+    open_jsonl_for_append,
     peak_flops,
     peak_memory_mb,
     plot_run,
@@ -177,7 +178,7 @@ class Trainer:
         )
         self.metrics: MetricsLog | None = None
         self.samples_log = (
-            (self.run_dir / f"samples-rank{dist.rank}-of-{dist.world_size}.jsonl").open("a")
+            open_jsonl_for_append(self.run_dir / f"samples-rank{dist.rank}-of-{dist.world_size}.jsonl")
             if config.log_samples
             else None
         )
