@@ -322,6 +322,11 @@ class Trainer:
             )
         self._load(info)
         self.say(f"resumed from {info.path.name} (step {self.step}, {self.tokens} tokens)")
+        if self.lineage:
+            # A kill between a checkpoint's COMPLETE and the queueing of its lineage record
+            # loses the record, and the newest checkpoint is the one that can be affected: queue
+            # it again (the same bytes, so the commit is a no-op when it was written).
+            self._record_checkpoint(info)
         if changed:
             event = {
                 "step": self.step,

@@ -75,6 +75,7 @@ class Launch:
         self.offset = self.metrics.read_bytes().rfind(b"\n") + 1 if self.metrics.exists() else 0
         self._pending = b""
         self.records: list[dict[str, Any]] = []
+        self.resume_seen_at: float | None = None
         self.started = time.monotonic()
         self._log = log.open("ab")
         self.proc = subprocess.Popen(
@@ -92,6 +93,8 @@ class Launch:
             lines = (self._pending + data).split(b"\n")
             self._pending = lines.pop()
             self.records += [json.loads(line) for line in lines if line.strip()]
+            if self.resume_seen_at is None and any(r["kind"] == "resume" for r in self.records):
+                self.resume_seen_at = time.monotonic()
         return self.records
 
     def train_steps(self) -> list[int]:
@@ -135,7 +138,7 @@ class Launch:
 def wait_until(launch: Launch, condition, poll_s: float = 0.001) -> bool:
     """Poll ``condition`` until it holds (True) or the job ends (False)."""
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    while not condition():
+    while launch.poll_records() is not None and not condition():
         if launch.finished() or time.monotonic() > deadline:
             return False
         time.sleep(poll_s)
@@ -303,6 +306,7 @@ class Campaign:
         self.dataset = make_dataset(work / "data")
         self.repo = LocalRepo(self.dataset.repo)
         self.trials: list[Trial] = []
+        self.startups: list[float] = []
 
     def config(self, run: str) -> TrainConfig:
         return make_config(
@@ -323,6 +327,11 @@ class Campaign:
             "meta": meta,
         }
 
+    def note_startup(self, launch: Launch) -> None:
+        """Remember how long this launch took to reach its resume record (its startup)."""
+        if launch.resume_seen_at is not None:
+            self.startups.append(launch.resume_seen_at - launch.started)
+
     def save_steps(self, after: int | None) -> list[int]:
         """Checkpointed steps after ``after`` and before the last (step 0 when starting fresh)."""
         steps = self.args.steps
@@ -334,7 +343,9 @@ class Campaign:
         t = self.timings
         steps = self.args.steps
         if phase == "startup":
-            delay = self.rng.uniform(0, t.startup_s)
+            # startup time swings with the machine's load: aim within the recent launches' startups
+            recent = sorted(self.startups[-9:]) or [t.startup_s]
+            delay = self.rng.uniform(0, recent[len(recent) // 2])
             return "" if wait_until(launch, lambda: time.monotonic() - launch.started >= delay) else "job ended first"
         if phase == "step":
             target = self.rng.randint((durable or 0) + 1, steps - 1)
@@ -363,9 +374,11 @@ class Campaign:
         if launch.finished():
             launch.wait()
             trial.resumes.append(resume_step(launch))
+            self.note_startup(launch)
             return False
         killed = kill_tree(launch.proc.pid)
         after = time.monotonic() - launch.started
+        self.note_startup(launch)
         launch.wait(timeout=60)
         if not wait_gone(killed, 60):
             trial.hang = True
@@ -444,13 +457,11 @@ class Campaign:
             trial = Trial(f"job-{number:03d}")
             number += 1
             config = self.config(trial.name)
-            for _ in range(min(self.args.kills_per_trial, self.args.kills - kills_done)):
-                if (newest_durable_step(config) or -1) >= self.args.steps:
-                    break
-                phase = PHASES[kills_done % len(PHASES)]
-                if not self.job_kill(trial, config, phase):
-                    break
-                kills_done += 1
+            budget = min(self.args.kills_per_trial, self.args.kills - kills_done)
+            while len(trial.kills) < budget and (newest_durable_step(config) or -1) < self.args.steps:
+                # a job that ended before its kill leaves the run finished: the loop stops there
+                if self.job_kill(trial, config, PHASES[kills_done % len(PHASES)]):
+                    kills_done += 1
             self.finish(trial, config)
             self.trials.append(trial)
             self.report_progress(trial)
