@@ -43,7 +43,8 @@ from tasks.shard.gate import gate_manifest
 from tasks.shard.pack import INVALID_WEIGHT, Packer, RowSpill, repeat_counts, with_eod
 from tasks.tokenize import TOKENIZER_PATH, Encoder, TokenizerError, TrainingSample, train_tokenizer
 from tasks.tokenize import tokenizer_sha256 as sha256_of_tokenizer
-from versioning import DataRepo, NotFound
+from versioning import DataRepo, DiskFull, NotFound
+from versioning.diskspace import disk_full_message, is_disk_full
 
 STAGE = "shard"
 INPUT_PREFIX = "dedup"
@@ -259,13 +260,19 @@ def run_shard_stage(
 
             source_started = time.perf_counter()
             spill = RowSpill(Path(work) / f"{source}.rows", config.seq_len + 1, dtype)
-            with PartWriter(repo, branch, f"quarantine/{STAGE}/{source}") as quarantine:
-                try:
-                    outcome = pack_source(source, read_tables, encoder, config, spill, quarantine.write)
-                except BaseException:
-                    spill.discard()
+            try:
+                with PartWriter(repo, branch, f"quarantine/{STAGE}/{source}") as quarantine:
+                    try:
+                        outcome = pack_source(source, read_tables, encoder, config, spill, quarantine.write)
+                    except BaseException:
+                        spill.discard()
+                        raise
+                entries += _store_shards(repo, branch, source, spill, Path(work), encoder.eod_id, config)
+            except OSError as exc:  # the local spill and shard files (the repository says its own)
+                if not is_disk_full(exc):
                     raise
-            entries += _store_shards(repo, branch, source, spill, Path(work), encoder.eod_id, config)
+                needed = spill.rows * spill.row_len * spill.dtype.itemsize  # the shards copy the spill
+                raise DiskFull(disk_full_message(f"the shards of source {source!r} to", work, needed)) from None
             _account(report, outcome, entries, time.perf_counter() - source_started)
 
         manifest = Manifest.build(
