@@ -52,6 +52,7 @@ from training.metrics import (
     summary_table,
 )
 from training.model import GPT
+from training.runlock import RunBusy, RunLock
 from training.runstate import (
     WarmupCosine,
     autocast_dtype,
@@ -89,6 +90,7 @@ class Trainer:
         self.run_dir = config.run_dir()
         self.checkpoint_dir = self.run_dir / "checkpoints"
         self.accumulation = config.accumulation_steps(dist.world_size)
+        self.run_lock = self._lock_run()
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
@@ -188,6 +190,19 @@ class Trainer:
     def say(self, message: str) -> None:
         if self.dist.is_main:
             print(f"[train {self.cfg.run}] {message}", flush=True)
+
+    def _lock_run(self) -> RunLock | None:
+        """Rank 0 holds the run; every rank refuses together when another trainer has it."""
+        lock, refusal = None, None
+        if self.dist.is_main:
+            try:
+                lock = RunLock(self.run_dir, self.cfg.run, self.cfg.flow_run_id).acquire()
+            except RunBusy as exc:
+                refusal = str(exc)
+        refusal = self.dist.broadcast(refusal)
+        if refusal:
+            raise RunBusy(refusal)
+        return lock
 
     def _parallelize(self, model: GPT) -> torch.nn.Module:
         """FSDP2 shards ``model`` in place (blocks, then the root); DDP and compile wrap it.
@@ -513,13 +528,18 @@ class Trainer:
             self.samples_log.close()
             self.samples_log = None
         if self.dist.is_main:
-            self.checkpoints.wait()
-            if self.metrics:
-                self.metrics.close()
-                self.metrics = None
-            if self.lineage:
-                self.lineage.close()
-                self.lineage = None
+            try:
+                self.checkpoints.wait()
+                if self.metrics:
+                    self.metrics.close()
+                    self.metrics = None
+                if self.lineage:
+                    self.lineage.close()
+                    self.lineage = None
+            finally:
+                if self.run_lock:
+                    self.run_lock.release()
+                    self.run_lock = None
 
     def _finish(self) -> TrainResult:
         self.close()
