@@ -29,7 +29,7 @@ from tasks.io import StageResult, config_hash
 from tasks.mix import mix_task
 from tasks.shard.task import shard_task
 from tasks.validate.task import validate_task
-from versioning import NotFound, data_home, open_repo
+from versioning import NotFound, data_home, open_repo, validate_path
 
 
 class GateFailed(RuntimeError):
@@ -173,7 +173,8 @@ def summary_links(repo_spec: str, tag: str, lakefs_ui: str | None) -> SummaryLin
         return SummaryLinks(data_docs=docs, lakefs_ui=ui, repository=name)
     target = data_home() / "data-docs" / tag  # browsers open local files, not repository objects
     for stat in repo.list(tag, "reports/data_docs/"):
-        path = target / stat.path.removeprefix("reports/data_docs/")
+        # Any lakeFS key may be listed ("a/../b"); only a safe relative path becomes a file.
+        path = target / validate_path(stat.path.removeprefix("reports/data_docs/"))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(repo.get(tag, stat.path))
     return SummaryLinks(data_docs={s: (target / s / "index.html").as_uri() for s in stages}, repository=repo_spec)

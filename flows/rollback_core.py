@@ -214,6 +214,7 @@ def _restore_commit(repo: DataRepo, plan: RollbackPlan, tag: str, flow_run_id: s
 
 
 def _hard_reset(repo: DataRepo, plan: RollbackPlan, tag: str) -> RestoredMain:
+    repo.discard_uncommitted(MAIN)  # a hard reset keeps uncommitted changes, as in lakeFS
     repo.reset_hard(MAIN, plan.target)
     repo.create_tag(tag, plan.target)
     return RestoredMain(tag, "hard-reset", plan.main_head, plan.target, (), (), "", frozenset())

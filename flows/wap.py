@@ -55,12 +55,15 @@ def open_run_branch(repo: DataRepo, branch: str) -> str:
     """Create ``branch`` at main's head and return that commit id.
 
     A retried flow run (same id) may find its branch left by a killed attempt: it starts
-    over from main's head; the killed attempt's finished stages come back from the cache.
+    over from main's head, without the killed attempt's uncommitted writes (a hard reset
+    keeps them, as in lakeFS; no one else writes to a run's branch); the killed attempt's
+    finished stages come back from the cache.
     """
     try:
         return repo.create_branch(branch, MAIN)
     except Conflict:
         head = repo.resolve(MAIN)
+        repo.discard_uncommitted(branch)
         repo.reset_hard(branch, head)
         return head
 

@@ -19,6 +19,7 @@ from versioning.port import (
     RepoError,
     TransientError,
     validate_branch,
+    validate_key,
     validate_path,
     validate_tag,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "data_home",
     "open_repo",
     "validate_branch",
+    "validate_key",
     "validate_path",
     "validate_tag",
 ]

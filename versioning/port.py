@@ -1,18 +1,32 @@
 """The data-repository port: lakeFS semantics behind one small protocol.
 
 Every adapter (``local``, ``lakefs``) implements :class:`DataRepo` and raises only the
-errors defined here, so callers never see SDK exception types.
+errors defined here, so callers never see SDK exception types. lakeFS (v1.84.0) is the
+reference for every semantic question; docs/versioning.md lists the rules with the lakeFS
+source each one follows. The ones callers meet most:
 
-Decisions where lakeFS and DESIGN.md are silent or disagree:
-
-* Branch names follow lakeFS's rule (``^\\w[-\\w]*$``: no ``/``), so a curate run's
-  branch is ``curate-<run>`` rather than ``curate/<run>``.
+* Branch names follow lakeFS's rule (``^\\w[-\\w]*$``, ASCII: no ``/``), so a curate run's
+  branch is ``curate-<run>`` rather than ``curate/<run>``. Tag names follow git's ref rules
+  as lakeFS applies them (:func:`validate_tag`).
+* Branches, tags and commit ids share one namespace: creating a branch named like a tag or
+  a commit id, or a tag named like a branch or a commit id, raises :class:`Conflict`.
+* Object keys are any non-empty string of at most 1024 bytes (:func:`validate_key`), as in
+  lakeFS: reads, listings and copies accept keys written by other tools (``a//b``,
+  ``dir/``, ``a/../b``). Paths tokenlake builds itself go through the stricter
+  :func:`validate_path` (relative, no empty, ``.`` or ``..`` segment), and so does any key
+  turned into a local file path.
 * Reading a branch sees its uncommitted (staged) changes, as in lakeFS.
-* ``commit`` with nothing staged raises :class:`NoChanges` unless ``allow_empty``.
-* ``merge`` with nothing new on the source raises :class:`NoChanges`; a merge into a
-  branch with uncommitted changes raises :class:`Conflict`.
+* A staged change is a change only if it differs from the committed entry: re-uploading
+  identical bytes changes nothing. ``commit`` with no such change raises
+  :class:`NoChanges` unless ``allow_empty``.
+* ``merge`` with nothing new on the source raises :class:`NoChanges`; a merge into, or a
+  revert on, a branch with uncommitted changes raises :class:`Conflict`.
+* ``reset_hard`` moves the branch head and keeps its uncommitted changes (as lakeFS's hard
+  reset does); call ``discard_uncommitted`` first for a clean branch.
 * ``diff(left, right)`` is the direct (two-dot) difference: what turns left into right.
-* Commit metadata is ``dict[str, str]``; a value that is not a string is refused.
+* Commit metadata is ``dict[str, str]``; a value that is not a string is refused, and so is
+  a key in lakeFS's reserved ``.lakefs.`` namespace (the server adds such keys itself, e.g.
+  ``.lakefs.merge.strategy`` on merge commits, and adapters do not return them).
 """
 
 from __future__ import annotations
@@ -102,7 +116,10 @@ class DataRepo(Protocol):
         """Branch, tag or commit id -> commit id. Raises NotFound naming the ref."""
 
     def create_branch(self, name: str, source: str = "main") -> str:
-        """Create ``name`` at ``source``; returns its commit id. Conflict if it exists."""
+        """Create ``name`` at ``source``; returns its commit id.
+
+        Conflict if a branch, a tag or a commit id already has that name.
+        """
 
     def delete_branch(self, name: str) -> None: ...
 
@@ -110,7 +127,10 @@ class DataRepo(Protocol):
         """Branch name -> head commit id."""
 
     def create_tag(self, tag: str, ref: str) -> str:
-        """Tag the commit ``ref`` resolves to; returns that commit id. Conflict if it exists."""
+        """Tag the commit ``ref`` resolves to; returns that commit id.
+
+        Conflict if a tag, a branch or a commit id already has that name (tags are immutable).
+        """
 
     def delete_tag(self, tag: str) -> None: ...
 
@@ -119,7 +139,11 @@ class DataRepo(Protocol):
 
     # objects
     def put(self, branch: str, path: str, data: PutSource) -> ObjectStat:
-        """Stage an object on ``branch``; streamed from file objects and paths."""
+        """Stage an object on ``branch``; streamed from file objects and paths.
+
+        ``path`` is any lakeFS key (:func:`validate_key`), so that objects can be copied
+        between refs whatever their keys; paths tokenlake builds go through ``validate_path``.
+        """
 
     def open(self, ref: str, path: str) -> BinaryIO:
         """A streamed binary reader (a context manager). NotFound if absent."""
@@ -144,7 +168,12 @@ class DataRepo(Protocol):
         message: str,
         metadata: dict[str, str] | None = None,
         allow_empty: bool = False,
-    ) -> Commit: ...
+    ) -> Commit:
+        """Commit the branch's uncommitted changes.
+
+        NoChanges when no staged entry differs from the committed one (identical bytes
+        re-uploaded are no change), unless ``allow_empty``.
+        """
 
     def merge(
         self,
@@ -155,7 +184,10 @@ class DataRepo(Protocol):
     ) -> str:
         """Merge ``source`` (any ref) into branch ``destination``; returns the merge commit id.
 
-        MergeConflict (listing the paths) when both sides changed a path since their base.
+        Always a merge commit (parents: destination head, source), never a fast-forward.
+        NoChanges when the source changed nothing since the merge base; Conflict when the
+        destination has uncommitted changes; MergeConflict (listing the paths) when both
+        sides changed a path since their base.
         """
 
     def revert(
@@ -165,10 +197,20 @@ class DataRepo(Protocol):
         parent_number: int = 1,
         metadata: dict[str, str] | None = None,
     ) -> Commit:
-        """A new commit on ``branch`` that undoes ``commit_id`` (against parent N for merges)."""
+        """A new commit on ``branch`` that undoes ``commit_id`` (against parent N for merges).
+
+        Conflict when the branch has uncommitted changes or a path was changed again since;
+        NoChanges when the revert would change nothing.
+        """
 
     def reset_hard(self, branch: str, ref: str) -> None:
-        """Point ``branch`` at ``ref``, dropping staged changes and later commits."""
+        """Point ``branch`` at the commit ``ref`` resolves to, in one atomic step.
+
+        As lakeFS's hard reset: commits after that one leave the branch, and its uncommitted
+        changes stay (now relative to the new head; a staged entry equal to the new head's is
+        no change any more). For a clean branch, ``discard_uncommitted`` first: the two
+        calls are not atomic together, so do it only on a branch no one else writes to.
+        """
 
     def discard_uncommitted(self, branch: str) -> None:
         """Drop every staged change on ``branch``."""
@@ -186,40 +228,55 @@ class DataRepo(Protocol):
 
 
 _BRANCH_RE = re.compile(r"^\w[-\w]*$", re.ASCII)
-_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _REPO_RE = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
+MAX_KEY_BYTES = 1024
+RESERVED_METADATA_PREFIX = ".lakefs."
 
 
-def validate_path(path: str) -> str:
-    """Return ``path`` if it is a safe relative object path; raise InvalidPath otherwise."""
+def validate_key(path: str) -> str:
+    """Return ``path`` if lakeFS accepts it as an object key; raise InvalidPath otherwise.
+
+    lakeFS (``pkg/catalog/validate.go``) takes any non-empty key of at most 1024 bytes:
+    ``a//b``, ``dir/``, ``/abs`` and ``a/../b`` are keys like any other. Reads, listings,
+    deletes and copies take these, so a repository written by other tools stays readable.
+    """
     if not isinstance(path, str) or not path:
         raise InvalidPath("object path must be a non-empty string")
-    if "\x00" in path:
-        raise InvalidPath(f"object path {path!r} contains a NUL byte")
     try:
         encoded = path.encode()
     except UnicodeEncodeError:
         raise InvalidPath(f"object path {path!r} is not valid Unicode (a lone surrogate)") from None
-    if path.startswith("/") or path.startswith("\\") or re.match(r"^[A-Za-z]:", path):
-        raise InvalidPath(f"object path {path!r} is absolute; use a path relative to the repository root")
-    parts = path.split("/")
-    for part in parts:
-        if part in ("", ".", ".."):
-            raise InvalidPath(f"object path {path!r} has an empty, '.' or '..' segment")
-    if len(encoded) > 1024:
-        raise InvalidPath(f"object path {path[:40]!r}... is longer than 1024 bytes")
+    if len(encoded) > MAX_KEY_BYTES:
+        raise InvalidPath(f"object path {path[:40]!r}... is {len(encoded)} bytes; lakeFS allows at most 1024")
     return path
 
 
-def validate_prefix(prefix: str) -> str:
-    """A listing prefix: empty, or a path (a trailing '/' allowed)."""
+def validate_key_prefix(prefix: str) -> str:
+    """A listing prefix: empty, or the start of a key (at most 1024 bytes)."""
     if prefix == "":
         return prefix
-    validate_path(prefix[:-1] if prefix.endswith("/") else prefix)
-    return prefix
+    return validate_key(prefix)
+
+
+def validate_path(path: str) -> str:
+    """Return ``path`` if it is a safe relative path; raise InvalidPath otherwise.
+
+    Stricter than :func:`validate_key`: for the paths tokenlake builds itself and for any key
+    that becomes a local file path (no NUL, not absolute, no empty, ``.`` or ``..`` segment).
+    """
+    validate_key(path)
+    if "\x00" in path:
+        raise InvalidPath(f"object path {path!r} contains a NUL byte")
+    if path.startswith("/") or path.startswith("\\") or re.match(r"^[A-Za-z]:", path):
+        raise InvalidPath(f"object path {path!r} is absolute; use a path relative to the repository root")
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidPath(f"object path {path!r} has an empty, '.' or '..' segment")
+    return path
 
 
 def validate_branch(name: str) -> str:
+    """lakeFS's branch rule (``pkg/validator/validate.go``): ASCII letters, digits, '_' and '-'."""
     if not isinstance(name, str) or not _BRANCH_RE.match(name):
         raise InvalidPath(
             f"branch name {name!r} is invalid: use letters, digits, '_' and '-' (not starting with '-')"
@@ -228,8 +285,29 @@ def validate_branch(name: str) -> str:
 
 
 def validate_tag(tag: str) -> str:
-    if not isinstance(tag, str) or not _TAG_RE.match(tag) or ".." in tag:
-        raise InvalidPath(f"tag {tag!r} is invalid: use letters, digits, '.', '_' and '-'")
+    """lakeFS's tag rule (``pkg/graveler/validate.go``, after git-check-ref-format).
+
+    Refused: empty, ``@``, a name ending in ``.`` or ``.lock``, containing ``..``, ``/`` or
+    ``@{``, any of ``^ : ? * [ \\``, a space or a control character. Anything else is a
+    tag, ``v1.0+build``, ``-v1`` and ``täg`` included (unlike git, ``~`` is allowed).
+    """
+    if not isinstance(tag, str) or not tag:
+        raise InvalidPath("tag name must be a non-empty string")
+    problem = None
+    if tag == "@":
+        problem = "'@' alone"
+    elif tag.endswith(".") or tag.endswith(".lock"):
+        problem = "it ends in '.' or '.lock'"
+    elif any(part in tag for part in ("..", "/", "@{")):
+        problem = "it contains '..', '/' or '@{'"
+    elif any(char in tag for char in "^:?*[\\"):
+        problem = "it contains one of ^ : ? * [ \\"
+    elif any(ord(char) <= 0x20 for char in tag):
+        problem = "it contains a space or a control character"
+    if problem:
+        raise InvalidPath(
+            f"tag name {tag!r} is invalid: {problem} (git-style ref rules, as lakeFS checks them)"
+        )
     return tag
 
 
@@ -245,5 +323,16 @@ def validate_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
     metadata = dict(metadata or {})
     for key, value in metadata.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise InvalidPath(f"commit metadata must map strings to strings; {key!r} -> {type(value).__name__}")
+            raise InvalidPath(
+                f"commit metadata must map strings to strings; {key!r} -> {type(value).__name__}"
+            )
+        if key.startswith(RESERVED_METADATA_PREFIX):
+            raise InvalidPath(
+                f"commit metadata key {key!r} is in lakeFS's reserved {RESERVED_METADATA_PREFIX!r} namespace"
+            )
     return metadata
+
+
+def user_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    """Commit metadata without the keys lakeFS adds itself (``.lakefs.merge.strategy``, ...)."""
+    return {key: value for key, value in metadata.items() if not key.startswith(RESERVED_METADATA_PREFIX)}

@@ -45,7 +45,10 @@ def publish_version(
             for name, stats in per_source.items()
         ]}  # fmt: skip
     repo.put(branch, "reports/ingest.json", json.dumps(report).encode())
-    ingest = repo.commit(branch, "ingest", _stage_meta("ingest", f"ingest-{seed}", main, flow_run_id)).id
+    # allow_empty, as every stage commits (tasks/io.py): a run may ingest what main already holds.
+    ingest = repo.commit(
+        branch, "ingest", _stage_meta("ingest", f"ingest-{seed}", main, flow_run_id), allow_empty=True
+    ).id
     shard = publish_synthetic_dataset(repo, branch, sources, total_samples=1200, seed=seed)
     mix = repo.commit(branch, "mix", _stage_meta("mix", f"mix-{seed}", shard, flow_run_id), allow_empty=True).id
     chain = [ChainLink("ingest", f"key-ingest-{seed}", ingest), ChainLink("shard", f"key-shard-{seed}", shard),

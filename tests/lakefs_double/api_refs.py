@@ -10,17 +10,20 @@ from tests.lakefs_double.common import (
     Call,
     Reply,
     after_marker,
-    commit_json,
     not_implemented,
     operation,
     page,
     ref_json,
+    split_metadata,
 )
 from versioning.local import LocalRepo
 from versioning.port import Change, MergeConflict, validate_branch, validate_tag
 
 VERSION = "1.84.0"
-_NAMESPACE = re.compile(r"^(s3|gs|https?|mem|local|transient)://.*$")
+# The local block adapter's namespace rule (pkg/block/local); the spec's own pattern is wider.
+_NAMESPACE = re.compile(r"^local://")
+# pkg/graveler/graveler.go: every merge commit records its strategy under this key.
+MERGE_STRATEGY_KEY = ".lakefs.merge.strategy"
 STORAGE_CONFIG = {
     "blockstore_type": "local",
     "blockstore_namespace_example": "local://example-bucket/",
@@ -70,8 +73,11 @@ def create_repository(call: Call) -> Reply:
     if call.flag("bare"):
         raise not_implemented("creating a bare repository")
     name, namespace = call.body_field("name"), call.body_field("storage_namespace")
-    if not isinstance(name, str) or not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
-        raise ApiError(400, "name and a storage_namespace URI (s3://, gs://, local://, ...) are required")
+    if not isinstance(name, str) or not isinstance(namespace, str):
+        raise ApiError(400, "name and storage_namespace are required")
+    if not _NAMESPACE.match(namespace):
+        # pkg/api/controller.go validateStorageNamespace: the block store's validity regex.
+        raise ApiError(400, f"failed to match required regex {_NAMESPACE.pattern}: invalid namespace")
     default_branch = call.body_field("default_branch") or "main"
     info = call.store.create(name, namespace, validate_branch(default_branch))
     return Reply(201, json=info.to_json())
@@ -109,7 +115,7 @@ def create_branch(call: Call) -> Reply:
 
 @operation("getBranch")
 def get_branch(call: Call) -> Reply:
-    branch = call.path_params["branch"]
+    branch = validate_branch(call.path_params["branch"])
     heads = call.repo.list_branches()
     if branch not in heads:
         raise ApiError(404, f"branch {branch!r} not found")
@@ -135,9 +141,9 @@ def reset_branch(call: Call) -> Reply:
 
 @operation("hardResetBranch")
 def hard_reset_branch(call: Call) -> Reply:
-    branch = call.path_params["branch"]
-    require_clean(call.repo, branch)
-    call.repo.reset_hard(branch, call.required("ref"))
+    # pkg/graveler/graveler.go ResetHard refuses only sealed (mid-commit) staging, which
+    # LocalRepo never has: the branch moves and its staged changes stay.
+    call.repo.reset_hard(call.path_params["branch"], call.required("ref"))
     return Reply(204)
 
 
@@ -159,11 +165,6 @@ def uncommitted(repo: LocalRepo, branch: str, prefix: str = "") -> list[Change]:
         if staged.get(path) != committed.get(path)
     ]
     return sorted(changes, key=lambda c: c.path)
-
-
-def require_clean(repo: LocalRepo, branch: str) -> None:
-    if uncommitted(repo, branch):
-        raise ApiError(400, "uncommitted changes (dirty branch)")
 
 
 # tags
@@ -209,15 +210,17 @@ def commit(call: Call) -> Reply:
     message = call.body_field("message")
     if not isinstance(message, str):
         raise ApiError(400, "message is required")
+    metadata, reserved = split_metadata(call.body_field("metadata"))
     created = call.repo.commit(
-        call.path_params["branch"], message, call.body_field("metadata"), bool(call.body_field("allow_empty"))
+        call.path_params["branch"], message, metadata, bool(call.body_field("allow_empty"))
     )
-    return Reply(201, json=commit_json(created))
+    call.remember_reserved(created.id, reserved)
+    return Reply(201, json=call.commit_json(created))
 
 
 @operation("getCommit")
 def get_commit(call: Call) -> Reply:
-    return Reply(200, json=commit_json(call.repo.get_commit(call.path_params["commitId"])))
+    return Reply(200, json=call.commit_json(call.repo.get_commit(call.path_params["commitId"])))
 
 
 @operation("logCommits")
@@ -226,7 +229,7 @@ def log_commits(call: Call) -> Reply:
     if any(call.arg(name) for name in unsupported):
         raise not_implemented(f"log filters ({', '.join(unsupported)})")
     commits = after_marker(call.repo.log(call.path_params["ref"]), lambda c: c.id, call.arg("after") or "")
-    listing = page((commit_json(c) for c in commits), lambda c: c["id"], "", call.amount())
+    listing = page((call.commit_json(c) for c in commits), lambda c: c["id"], "", call.amount())
     if call.flag("limit"):
         listing["pagination"].update(has_more=False, next_offset="")
     return Reply(200, json=listing)
@@ -305,14 +308,13 @@ def merge_into_branch(call: Call) -> Reply:
         call.path_params["sourceRef"],
         call.path_params["destinationBranch"],
     )
-    require_clean(repo, destination)
+    metadata, reserved = split_metadata(call.body_field("metadata"))
     try:
-        merged = repo.merge(
-            source, destination, call.body_field("message") or "", call.body_field("metadata")
-        )
+        merged = repo.merge(source, destination, call.body_field("message") or "", metadata)
     except MergeConflict:
         # lakeFS answers a conflict with an empty MergeResult and does not name the paths.
         return Reply(409, json={"reference": ""})
+    call.remember_reserved(merged, {**reserved, MERGE_STRATEGY_KEY: "default"})
     return Reply(200, json={"reference": merged})
 
 
@@ -321,13 +323,16 @@ def revert_branch(call: Call) -> Reply:
     overrides = call.body_field("commit_overrides") or {}
     if overrides.get("message") or call.body_field("allow_empty"):
         raise not_implemented("reverting with a message override or allow_empty")
-    repo, branch = call.repo, call.path_params["branch"]
-    reverted = repo.get_commit(call.body_field("ref") or "")
+    repo, branch, ref = call.repo, call.path_params["branch"], call.body_field("ref") or ""
+    reverted = repo.get_commit(ref)
     parent_number = call.body_field("parent_number") or 0
+    if parent_number < 0:
+        raise ApiError(400, "argument parentNumber: invalid value: validation error")
     if parent_number == 0:
         if len(reverted.parents) > 1:
             raise ApiError(409, "must specify 1-based parent number for reverting merge commit")
         parent_number = 1
-    require_clean(repo, branch)
-    repo.revert(branch, reverted.id, parent_number, overrides.get("metadata"))
+    metadata, reserved = split_metadata(overrides.get("metadata"))
+    reverting = repo.revert(branch, ref, parent_number, metadata)  # its message names ``ref`` as given
+    call.remember_reserved(reverting.id, reserved)
     return Reply(204)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import threading
 import time
@@ -14,11 +16,13 @@ from typing import Any, BinaryIO
 
 from tests.lakefs_double.spec import Operation
 from versioning.local import LocalRepo
-from versioning.port import Commit, ObjectStat, validate_repo_name
+from versioning.port import RESERVED_METADATA_PREFIX, Commit, ObjectStat
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
 COMMITTER = "admin"
+# pkg/validator/validate.go
+_REPOSITORY_ID = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
 
 
 class ApiError(Exception):
@@ -64,18 +68,33 @@ class RepoInfo:
 
 
 class RepositoryStore:
-    """One LocalRepo per lakeFS repository, under ``backing_dir/<name>/``, plus a JSON sidecar."""
+    """One LocalRepo per lakeFS repository, under ``backing_dir/<name>/``, plus JSON sidecars.
+
+    Beside each repository: ``<name>.lakefs.json`` (its RepoInfo) and
+    ``<name>.commit-metadata.json`` (the commit metadata keys in lakeFS's ``.lakefs.``
+    namespace, which LocalRepo refuses to store, by commit id). ``storage-namespaces.json``
+    lists every namespace ever used: lakeFS leaves its ``_lakefs/dummy`` marker in a
+    namespace when a repository is deleted, so the namespace is never reused.
+    """
 
     def __init__(self, backing_dir: Path):
         self.dir = backing_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._repos: dict[str, tuple[LocalRepo, RepoInfo]] = {}
+        self._reserved: dict[str, dict[str, dict[str, str]]] = {}
         for sidecar in sorted(self.dir.glob("*.lakefs.json")):
             info = RepoInfo(**json.loads(sidecar.read_text()))
             self._repos[info.name] = (LocalRepo(self.dir / info.name, name=info.name, durable=False), info)
+            reserved = self._reserved_path(info.name)
+            self._reserved[info.name] = json.loads(reserved.read_text()) if reserved.exists() else {}
+        namespaces = self.dir / "storage-namespaces.json"
+        self._namespaces: set[str] = set(json.loads(namespaces.read_text())) if namespaces.exists() else set()
 
     def get(self, name: str) -> tuple[LocalRepo, RepoInfo]:
+        if not _REPOSITORY_ID.match(name):
+            # The catalog validates the id before it looks (pkg/catalog/catalog.go).
+            raise ApiError(400, "argument repository: repository id: invalid value: validation error")
         try:
             return self._repos[name]
         except KeyError:
@@ -85,26 +104,64 @@ class RepositoryStore:
         return sorted((info for _, info in self._repos.values()), key=lambda info: info.name)
 
     def create(self, name: str, storage_namespace: str, default_branch: str) -> RepoInfo:
-        validate_repo_name(name)
         with self._lock:
             if name in self._repos:
-                raise ApiError(409, "not unique: repository already exists")
-            if any(info.storage_namespace == storage_namespace for _, info in self._repos.values()):
-                raise ApiError(400, f"storage namespace {storage_namespace!r} already in use")
+                raise ApiError(409, "error creating repository: not unique")
+            namespace = storage_namespace.rstrip("/")
+            if namespace in self._namespaces:
+                raise ApiError(
+                    400,
+                    f"failed to create repository: found lakeFS objects in the storage (:{storage_namespace}) "
+                    "key(_lakefs/dummy): storage namespace already in use",
+                )
             repo = LocalRepo(self.dir / name, name=name, durable=False)
             repo.ensure(default_branch)
             info = RepoInfo(name, storage_namespace, default_branch, int(time.time()))
-            (self.dir / f"{name}.lakefs.json").write_text(json.dumps(info.__dict__))
+            self._namespaces.add(namespace)
+            _write_json(self.dir / "storage-namespaces.json", sorted(self._namespaces))
+            _write_json(self.dir / f"{name}.lakefs.json", info.__dict__)
             self._repos[name] = (repo, info)
+            self._reserved[name] = {}
             return info
 
     def delete(self, name: str) -> None:
         with self._lock:
             repo, _ = self.get(name)
             del self._repos[name]
+            self._reserved.pop(name, None)
             (self.dir / f"{name}.lakefs.json").unlink()
+            self._reserved_path(name).unlink(missing_ok=True)
             repo.close()
             shutil.rmtree(self.dir / name, ignore_errors=True)
+
+    def add_reserved_metadata(self, name: str, commit_id: str, reserved: dict[str, str]) -> None:
+        """Record the ``.lakefs.`` keys of a commit the double just made."""
+        if not reserved:
+            return
+        with self._lock:
+            self._reserved[name][commit_id] = dict(reserved)
+            _write_json(self._reserved_path(name), self._reserved[name])
+
+    def reserved_metadata(self, name: str, commit_id: str) -> dict[str, str]:
+        return dict(self._reserved.get(name, {}).get(commit_id, {}))
+
+    def _reserved_path(self, name: str) -> Path:
+        return self.dir / f"{name}.commit-metadata.json"
+
+
+def _write_json(path: Path, value: Any) -> None:
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text(json.dumps(value, sort_keys=True))
+    os.replace(temp, path)
+
+
+def split_metadata(metadata: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """(what LocalRepo stores, the ``.lakefs.`` keys the double keeps beside it)."""
+    metadata = dict(metadata or {})
+    reserved = {
+        k: v for k, v in metadata.items() if isinstance(k, str) and k.startswith(RESERVED_METADATA_PREFIX)
+    }
+    return {k: v for k, v in metadata.items() if k not in reserved}, reserved
 
 
 @dataclass
@@ -133,10 +190,8 @@ class Call:
         return (self.arg(name) or "false").lower() == "true"
 
     def amount(self) -> int:
-        try:
-            amount = int(self.arg("amount") or DEFAULT_PAGE)
-        except ValueError:
-            raise ApiError(400, "amount must be an integer") from None
+        """lakeFS's paginationAmount (pkg/api/controller.go); the spec validator bounds it first."""
+        amount = int(self.arg("amount") or DEFAULT_PAGE)
         return DEFAULT_PAGE if amount <= 0 else min(amount, MAX_PAGE)
 
     @property
@@ -146,6 +201,14 @@ class Call:
     @property
     def info(self) -> RepoInfo:
         return self.store.get(self.path_params["repository"])[1]
+
+    def commit_json(self, commit: Commit) -> dict[str, Any]:
+        """The commit as lakeFS answers it, with the ``.lakefs.`` keys the double keeps aside."""
+        reserved = self.store.reserved_metadata(self.path_params["repository"], commit.id)
+        return commit_json(commit, reserved)
+
+    def remember_reserved(self, commit_id: str, reserved: dict[str, str]) -> None:
+        self.store.add_reserved_metadata(self.path_params["repository"], commit_id, reserved)
 
     def body_field(self, name: str, default: Any = None) -> Any:
         body = self.json_body if isinstance(self.json_body, dict) else {}
@@ -199,7 +262,7 @@ def after_marker(items: Iterator[Any], key: Callable[[Any], str], marker: str) -
             seen = True
 
 
-def commit_json(commit: Commit) -> dict[str, Any]:
+def commit_json(commit: Commit, reserved: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "id": commit.id,
         "parents": list(commit.parents),
@@ -207,7 +270,7 @@ def commit_json(commit: Commit) -> dict[str, Any]:
         "message": commit.message,
         "creation_date": int(commit.created),
         "meta_range_id": "",
-        "metadata": dict(commit.metadata),
+        "metadata": {**commit.metadata, **(reserved or {})},
     }
 
 

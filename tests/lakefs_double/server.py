@@ -3,8 +3,14 @@
 Requests are routed by the official OpenAPI spec's path templates to operation handlers
 (``api_refs``, ``api_objects``) that translate them to ``versioning.local.LocalRepo`` calls
 (one LocalRepo per repository under the backing directory) and translate the port's errors
-back to lakeFS's status codes and messages. In validation mode (the default) every request
-and response is checked against the spec and each mismatch is recorded in ``violations``.
+back to lakeFS's status codes and messages.
+
+In validation mode (the default) the double does what lakeFS's request validator does
+(``pkg/api/serve.go``): a request that breaks the spec (a parameter out of its bounds, a
+body that does not match its schema) is answered 400 before authentication and before any
+handler runs, and is recorded in ``rejected``. Every response is checked against the spec
+too; a response that breaks it, a request to an endpoint outside the spec and a handler
+crash are the double's own faults and are recorded in ``violations``.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ class LakeFSDouble:
         self.validate = validate
         self.spec = load_spec()
         self.requests: Counter[str] = Counter()  # operationId -> requests received
-        self.violations: list[str] = []  # spec mismatches, unknown endpoints, handler crashes
+        self.violations: list[str] = []  # the double's faults: bad responses, unknown endpoints, crashes
+        self.rejected: list[str] = []  # the client's faults: requests refused by the spec validator
         self._injector = FaultInjector(faults or FaultConfig())
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -96,6 +103,11 @@ class LakeFSDouble:
         with self._lock:
             self.violations.append(violation)
         log.warning("lakeFS double: %s", violation)
+
+    def reject(self, operation_id: str, reason: str) -> None:
+        with self._lock:
+            self.rejected.append(f"{operation_id}: {reason}")
+        log.info("lakeFS double: refused %s: %s", operation_id, reason)
 
     def count(self, operation_id: str) -> None:
         with self._lock:
@@ -237,8 +249,6 @@ class _Handler(BaseHTTPRequestHandler):
         wire = None
         if fault is Fault.ERROR:
             reply = Reply(503, json={"message": "injected fault: service unavailable, try again later"})
-        elif op.needs_auth and not double.authorized(self.headers.get("Authorization")):
-            reply = Reply(401, json={"message": "error authenticating request"})
         else:
             reply, wire = self._handle(double, op, raw_params, query, body)
             if reply is None:
@@ -260,7 +270,9 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 json_body = json.loads(raw) if raw else None
             except ValueError:
-                return Reply(400, json={"message": "request body is not JSON"}), None
+                return Reply(
+                    400, json={"message": "request body has an error: failed to decode request body"}
+                ), None
         wire = WireRequest(
             op.method,
             urlsplit(self.path).path,
@@ -270,8 +282,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.headers.get("Content-Type", ""),
         )
         if double.validate:
-            for error in double.spec.request_errors(wire):
-                double.record(f"request {op.operation_id}: {error}")
+            errors = double.spec.request_errors(op, wire)
+            if errors:
+                double.reject(op.operation_id, errors[0])
+                return Reply(400, json={"message": errors[0]}), wire
+        if op.needs_auth and not double.authorized(self.headers.get("Authorization")):
+            return Reply(401, json={"message": "error authenticating request"}), wire
         call = Call(
             op=op,
             path_params={name: unquote(value) for name, value in raw_params.items()},

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 from openapi_core import OpenAPI
 from openapi_core.datatypes import RequestParameters
+from openapi_core.validation.request.validators import V30RequestBodyValidator, V30RequestParametersValidator
 from werkzeug.datastructures import Headers, ImmutableMultiDict
 
 BASE_PATH = "/api/v1"
@@ -52,6 +53,7 @@ class Operation:
     pattern: re.Pattern[str]
     statuses: frozenset[str]  # documented response codes, "default" included
     needs_auth: bool
+    validates_body: bool = True  # False where the spec says x-validation-exclude-body (uploads)
 
     @property
     def may_answer_503(self) -> bool:
@@ -78,12 +80,17 @@ class Spec:
                         pattern=pattern,
                         statuses=frozenset(str(code) for code in op["responses"]),
                         needs_auth=bool(security),
+                        validates_body=not op.get("x-validation-exclude-body", False),
                     )
                 )
         # A literal segment beats a parameter: try the templates with more literal text first.
         self.operations.sort(key=lambda op: -len(re.sub(r"\{\w+\}", "", op.template)))
         self.by_id = {op.operation_id: op for op in self.operations}
         self._openapi = OpenAPI.from_file_path(str(path))
+        # Parameters and body, not security: lakeFS's validator authenticates nothing
+        # (NoopAuthenticationFunc); its auth middleware runs after it.
+        self._parameters = V30RequestParametersValidator(self._openapi.spec)
+        self._body = V30RequestBodyValidator(self._openapi.spec)
 
     def route(self, method: str, path: str) -> tuple[Operation, dict[str, str]] | None:
         for op in self.operations:
@@ -93,8 +100,15 @@ class Spec:
                     return op, match.groupdict()
         return None
 
-    def request_errors(self, request: WireRequest) -> list[str]:
-        return [_explain(error) for error in self._openapi.iter_request_errors(request)]
+    def request_errors(self, op: Operation, request: WireRequest) -> list[str]:
+        """Why lakeFS's request validator (``pkg/api/serve.go``) would refuse ``request``, worded
+        as kin-openapi words it; empty when the request is valid."""
+        errors = [_parameter_error(error) for error in self._parameters.iter_errors(request)]
+        if op.validates_body:
+            errors += [
+                f"request body has an error: {_detail(error)}" for error in self._body.iter_errors(request)
+            ]
+        return errors
 
     def response_errors(self, op: Operation, request: WireRequest, response: WireResponse) -> list[str]:
         errors = []
@@ -106,6 +120,28 @@ class Spec:
                 continue  # an empty object has an empty body; openapi-core calls that "missing"
             errors.append(_explain(error))
         return errors
+
+
+def _parameter_error(error: Exception) -> str:
+    name = getattr(error, "name", None)
+    location = getattr(error, "location", None) or "query"
+    if name is None:
+        return f"request has an error: {_detail(error)}"
+    return f'parameter "{name}" in {location} has an error: {_detail(error)}'
+
+
+def _detail(error: Exception) -> str:
+    """The most specific reason openapi-core gives: a schema error's message, else the cause's."""
+    cause = error.__cause__
+    schema_errors = getattr(cause, "schema_errors", None)
+    if schema_errors:
+        return "; ".join(
+            f'Error at "/{"/".join(map(str, e.path))}": {e.message}' if e.path else str(e.message)
+            for e in schema_errors
+        )
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}"
+    return str(error)
 
 
 def _explain(error: Exception) -> str:

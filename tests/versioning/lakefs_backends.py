@@ -2,7 +2,8 @@
 without faults) and over a real lakeFS when one is configured.
 
 The double's validation mode is on: a backend fails its test if any request or response
-broke the official spec, or if the SDK called an endpoint the double does not implement.
+broke the official spec (a request that breaks it is also answered 400, as lakeFS does), or
+if the SDK called an endpoint the double does not implement.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def double_backend(workdir: Path, faults: FaultConfig | None = None) -> Iterator
         yield connect(double)
         assert double.violations == [], "the lakeFS double saw spec violations:\n" + "\n".join(
             double.violations
+        )
+        assert double.rejected == [], "the adapter sent requests the spec refuses:\n" + "\n".join(
+            double.rejected
         )
         if faults is not None:
             assert sum(double.injected.values()) > 0, "the faulty backend injected no faults"

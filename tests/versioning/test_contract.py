@@ -253,6 +253,25 @@ def test_commit_with_nothing_staged(repo: DataRepo):
     assert repo.diff(head, empty.id) == []
 
 
+def test_reuploading_identical_bytes_is_no_change(repo: DataRepo):
+    head = commit_files(repo, "main", {"a": b"same", "b": b"old"})
+    repo.put("main", "a", b"same")
+    repo.put("main", "gone", b"x")
+    repo.delete("main", "gone")  # staged then removed: nothing
+    with pytest.raises(NoChanges, match="main"):
+        repo.commit("main", "identical")
+    assert repo.resolve("main") == head
+    repo.create_branch("dev", "main")
+    commit_files(repo, "dev", {"c": b"from dev"})
+    repo.merge("dev", "main")  # identical staged bytes do not make main dirty
+    repo.put("main", "a", b"same")
+    repo.put("main", "b", b"new")
+    mixed = repo.commit("main", "one real change")
+    assert repo.diff(mixed.parents[0], mixed.id) == [Change("b", "changed")]
+    repo.put("main", "a", b"same")
+    assert repo.diff(mixed.id, repo.commit("main", "forced", allow_empty=True).id) == []
+
+
 # merge
 
 
@@ -308,6 +327,18 @@ def test_repeated_merges_use_the_newest_base(repo: DataRepo):
     assert contents(repo, "dev") == {"f": b"2", "g": b"main"}
 
 
+def test_merge_commits_return_only_the_callers_metadata(repo: DataRepo):
+    repo.create_branch("dev", "main")
+    commit_files(repo, "dev", {"x": b"x"})
+    merged = repo.merge("dev", "main", metadata={"stage": "publish"})
+    # lakeFS adds ".lakefs.merge.strategy"; the port returns what the caller wrote.
+    assert repo.get_commit(merged).metadata == {"stage": "publish"}
+    assert next(repo.log("main")).metadata == {"stage": "publish"}
+    repo.put("main", "y", b"y")
+    with pytest.raises(InvalidPath, match="reserved"):
+        repo.commit("main", "reserved key", {".lakefs.merge.strategy": "mine"})
+
+
 def test_merge_into_a_dirty_branch_is_a_conflict(repo: DataRepo):
     repo.create_branch("dev", "main")
     commit_files(repo, "dev", {"x": b"x"})
@@ -328,6 +359,7 @@ def test_revert_a_commit(repo: DataRepo):
     reverted = repo.revert("main", bad, metadata={"reason": "bad data"})
     assert reverted.parents[0] != bad and len(reverted.parents) == 1
     assert reverted.metadata == {"reason": "bad data"}
+    assert reverted.message == f"Revert {bad}"
     assert contents(repo, "main") == {"a": b"1", "b": b"1", "d": b"later"}
 
 
@@ -352,14 +384,21 @@ def test_revert_conflicting_with_a_later_change(repo: DataRepo):
     assert repo.get("main", "a") == b"3"
 
 
-def test_reset_hard_drops_later_commits_and_staged_changes(repo: DataRepo):
-    good = commit_files(repo, "main", {"a": b"good"})
+def test_reset_hard_drops_later_commits_and_keeps_staged_changes(repo: DataRepo):
+    good = commit_files(repo, "main", {"a": b"good", "b": b"b"})
     later = commit_files(repo, "main", {"a": b"later"})
     repo.put("main", "staged", b"s")
-    repo.reset_hard("main", good)
+    repo.delete("main", "b")
+    repo.reset_hard("main", good)  # as lakeFS: the head moves, uncommitted changes stay
     assert repo.resolve("main") == good
-    assert contents(repo, "main") == {"a": b"good"}
+    assert contents(repo, "main") == {"a": b"good", "staged": b"s"}
     assert later not in [c.id for c in repo.log("main")]
+    kept = repo.commit("main", "the staged changes")
+    assert repo.diff(good, kept.id) == [Change("b", "removed"), Change("staged", "added")]
+    repo.put("main", "staged2", b"s")
+    repo.discard_uncommitted("main")
+    repo.reset_hard("main", good)  # discard first for a clean branch
+    assert contents(repo, "main") == {"a": b"good", "b": b"b"}
     with pytest.raises(NoChanges):
         repo.commit("main", "nothing left")
 
@@ -388,12 +427,43 @@ def test_tags_are_immutable(repo: DataRepo):
     assert repo.list_tags() == {"v1.0": first}
     with pytest.raises(NotFound, match="nowhere"):
         repo.create_tag("v2", "nowhere")
-    with pytest.raises(InvalidPath):
-        repo.create_tag("bad tag", "main")
     repo.delete_tag("v1.0")
     assert repo.list_tags() == {}
     with pytest.raises(NotFound, match="v1.0"):
         repo.delete_tag("v1.0")
+
+
+@pytest.mark.parametrize("tag", ["v1.0+build", "-v1", "täg", "v1~rc", ".hidden", "a@b", "UPPER_case"])
+def test_git_style_tag_names_are_accepted(repo: DataRepo, tag: str):
+    head = repo.resolve("main")
+    assert repo.create_tag(tag, "main") == head
+    assert repo.list_tags() == {tag: head}
+    repo.delete_tag(tag)
+
+
+@pytest.mark.parametrize(
+    "tag", ["", "@", "v1.", "v1.lock", "a..b", "a/b", "a@{1}", "a^b", "a:b", "a?b", "a*b", "a[b", "a\\b", "a b", "a\tb"]
+)
+def test_tag_names_lakefs_refuses_are_refused(repo: DataRepo, tag: str):
+    with pytest.raises(InvalidPath):
+        repo.create_tag(tag, "main")
+    assert repo.list_tags() == {}
+
+
+def test_branches_tags_and_commit_ids_share_one_namespace(repo: DataRepo):
+    head = commit_files(repo, "main", {"a": b"1"})
+    repo.create_tag("release", "main")
+    repo.create_branch("dev", "main")
+    with pytest.raises(Conflict, match="release"):
+        repo.create_branch("release", "main")
+    with pytest.raises(Conflict, match="dev"):
+        repo.create_tag("dev", "main")
+    with pytest.raises(Conflict, match=head[:12]):
+        repo.create_branch(head, "main")
+    with pytest.raises(Conflict, match=head[:12]):
+        repo.create_tag(head, "main")
+    assert repo.list_branches() == {"dev": head, "main": head}
+    assert repo.list_tags() == {"release": head}
 
 
 # history queries
@@ -450,11 +520,33 @@ def test_is_ancestor(repo: DataRepo):
     assert repo.is_ancestor(main, main)
 
 
-# path validation
+# object keys: any lakeFS key (non-empty, at most 1024 bytes)
+
+FOREIGN_KEYS = ["a//b", "dir/", "/absolute", "a/../b", "./a", "..", "ü/ß €", "k" * 1024, "ü" * 512]
 
 
-@pytest.mark.parametrize("path", ["../escape", "a/../b", "/absolute", "nul\x00byte", "", "a//b", "./a", "a/", "a/\udcff"])
-def test_invalid_object_paths_are_refused(repo: DataRepo, path: str):
+def test_every_lakefs_key_is_read_listed_and_copied(repo: DataRepo):
+    repo.create_branch("copy", "main")
+    for key in FOREIGN_KEYS:
+        repo.put("main", key, key.encode())
+    first = repo.commit("main", "keys other tools write").id
+    assert [s.path for s in repo.list(first)] == sorted(FOREIGN_KEYS)
+    assert [s.path for s in repo.list(first, "a/")] == ["a/../b", "a//b"]
+    assert [s.path for s in repo.list(first, "/")] == ["/absolute"]
+    assert [s.path for s in repo.list(first, "dir/")] == ["dir/"]
+    for key in FOREIGN_KEYS:
+        assert repo.exists(first, key) and repo.stat(first, key).size == len(key.encode())
+        with repo.open(first, key) as reader:
+            repo.put("copy", key, reader)  # copying takes any key
+        repo.delete("main", key)
+    copied = repo.commit("copy", "copies").id
+    assert contents(repo, copied) == {key: key.encode() for key in FOREIGN_KEYS}
+    removed = repo.commit("main", "remove them").id
+    assert repo.diff(first, removed) == [Change(key, "removed") for key in sorted(FOREIGN_KEYS)]
+
+
+@pytest.mark.parametrize("path", ["", "k" * 1025, "ü" * 513, "a/\udcff"])
+def test_keys_lakefs_refuses_are_refused(repo: DataRepo, path: str):
     with pytest.raises(InvalidPath):
         repo.put("main", path, b"x")
     with pytest.raises(InvalidPath):

@@ -9,11 +9,12 @@ import threading
 import tracemalloc
 from pathlib import Path
 
+import lakefs
 import pytest
 
 from tests.lakefs_double import FaultConfig, LakeFSDouble
 from tests.versioning.lakefs_backends import connect
-from versioning import InvalidPath, NotFound, RepoError, TransientError
+from versioning import Conflict, InvalidPath, NotFound, RepoError, TransientError
 from versioning.lakefs import LakeFSRepo, RetryPolicy
 from versioning.local import LocalRepo
 
@@ -283,3 +284,18 @@ def test_the_write_marker_is_reserved():
     repo = LakeFSRepo.connect("http://127.0.0.1:9", "key", "secret", "demo")
     with pytest.raises(InvalidPath, match="tokenlake_write_id"):
         repo.commit("main", "m", {"tokenlake_write_id": "x"})
+
+
+def test_a_storage_namespace_in_use_fails_with_one_sentence_naming_the_fix(tmp_path: Path):
+    with LakeFSDouble(tmp_path / "backing") as double:
+        repo = connect(double, "reborn")
+        repo.ensure()
+        client = lakefs.Client(host=double.endpoint, username=double.access_key_id, password=double.secret_access_key)
+        lakefs.Repository("reborn", client=client).delete()  # lakeFS keeps a deleted repository's namespace
+        with pytest.raises(Conflict, match="already in use") as caught:
+            repo.ensure()
+        assert "TOKENLAKE_LAKEFS_STORAGE_NAMESPACE" in str(caught.value)
+        moved = connect(double, "reborn", storage_namespace=f"{repo.storage_namespace}-2")
+        moved.ensure()
+        assert list(moved.list_branches()) == ["main"]
+        assert double.violations == [] and double.rejected == []

@@ -191,12 +191,22 @@ def test_default_branch_cannot_be_deleted(local: LocalRepo):
         local.delete_branch("main")
 
 
-def test_commit_ids_resolve_from_a_unique_prefix(local: LocalRepo):
-    local.put("main", "a", b"a")
-    commit = local.commit("main", "one")
-    assert local.resolve(commit.id[:8]) == commit.id
-    with pytest.raises(NotFound):
-        local.resolve(commit.id[:5])  # too short to be taken as a commit id
+def test_commit_ids_resolve_from_a_unique_prefix_after_branches_and_tags(local: LocalRepo):
+    root = local.resolve("main")
+    commits = [root]
+    for i in range(40):
+        local.put("main", "a", str(i).encode())
+        commits.append(local.commit("main", f"commit {i}").id)
+    newest = commits[-1]
+    assert local.resolve(newest[:8]) == newest
+    unique = next(newest[:n] for n in range(1, 65) if sum(c.startswith(newest[:n]) for c in commits) == 1)
+    assert local.resolve(unique) == newest  # lakeFS takes a prefix of any length
+    first_digits = [c[0] for c in commits]
+    shared = next(d for d in first_digits if first_digits.count(d) > 1)  # 41 ids, 16 digits
+    with pytest.raises(NotFound, match="ambiguous"):
+        local.resolve(shared)
+    local.create_branch(unique, root)
+    assert local.resolve(unique) == root  # a branch comes before a commit id prefix
 
 
 def test_ancestry_suffixes(local: LocalRepo):
@@ -217,6 +227,14 @@ def test_ancestry_suffixes(local: LocalRepo):
     assert not local.exists("main~0", "staged")  # a suffixed ref is a commit, not the branch
     with pytest.raises(NotFound, match="main~9"):
         local.resolve("main~9")
+    with pytest.raises(InvalidPath, match="main\\^3"):
+        local.resolve("main^3")  # lakeFS: an invalid ref, not a missing one
+    assert local.resolve("main@") == local.resolve("main")
+    assert not local.exists("main@", "staged") and local.exists("main", "staged")
+    local.create_tag("v1", "main")
+    for invalid in ("main$", "main@~1", "v1@", "~1", "main~x", "main 1"):
+        with pytest.raises(InvalidPath):
+            local.resolve(invalid)
 
 
 def test_a_listing_is_a_snapshot(local: LocalRepo):

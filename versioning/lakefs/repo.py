@@ -7,7 +7,8 @@ branch/tag listings (the wrapper's listings discard the commit ids).
 Writes that are not idempotent (commit, merge, revert) carry a unique ``tokenlake_write_id``
 in their commit metadata; after a failure that may have hidden their success, the branch log
 is searched for that marker before retrying, so a retried commit never lands twice. The
-marker is stripped from the metadata the port returns.
+marker is stripped from the metadata the port returns, and so are the keys lakeFS adds
+itself in its ``.lakefs.`` namespace (``.lakefs.merge.strategy`` on every merge commit).
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ import lakefs
 import lakefs_sdk
 
 from versioning.lakefs.client import sdk_client
-from versioning.lakefs.config import LakeFSCredentials, lakectl_credentials, namespace_prefix
+from versioning.lakefs.config import (
+    NAMESPACE_PREFIX_ENV,
+    LakeFSCredentials,
+    lakectl_credentials,
+    namespace_prefix,
+)
 from versioning.lakefs.errors import ConflictFound, ErrorMapper, Retrier, RetryPolicy
 from versioning.lakefs.streams import open_stream, replayable
 from versioning.port import (
@@ -36,10 +42,11 @@ from versioning.port import (
     PutSource,
     RepoError,
     TransientError,
+    user_metadata,
     validate_branch,
+    validate_key,
+    validate_key_prefix,
     validate_metadata,
-    validate_path,
-    validate_prefix,
     validate_repo_name,
     validate_tag,
 )
@@ -105,10 +112,22 @@ class LakeFSRepo:
         except NotFound:
             pass
         # exist_ok: a create retried after a lost response finds the repository it made.
-        self._call(
-            f"create repository {self.name!r} at {self.storage_namespace!r}",
-            lambda: self._repo.create(self.storage_namespace, default_branch=default_branch, exist_ok=True),
-        )
+        try:
+            self._call(
+                f"create repository {self.name!r} at {self.storage_namespace!r}",
+                lambda: self._repo.create(
+                    self.storage_namespace, default_branch=default_branch, exist_ok=True
+                ),
+            )
+        except InvalidPath as refused:
+            if "already in use" not in str(refused):
+                raise
+            # lakeFS never reuses a storage namespace, not even a deleted repository's.
+            raise Conflict(
+                f"cannot create lakeFS repository {self.name!r}: its storage namespace "
+                f"{self.storage_namespace!r} is already in use (lakeFS keeps it after a repository is "
+                f"deleted); pass another storage_namespace or set {NAMESPACE_PREFIX_ENV}"
+            ) from None
 
     # refs
 
@@ -210,7 +229,7 @@ class LakeFSRepo:
 
     def put(self, branch: str, path: str, data: PutSource) -> ObjectStat:
         validate_branch(branch)
-        validate_path(path)
+        validate_key(path)
         target = self._repo.branch(branch).object(path)
 
         def upload(chunks: Callable[[], Iterator[bytes]]) -> None:
@@ -229,7 +248,7 @@ class LakeFSRepo:
         return open_stream(reader, stat.size, self._call, f"read {path!r} at ref {ref!r}")
 
     def get(self, ref: str, path: str) -> bytes:
-        validate_path(path)
+        validate_key(path)
 
         def read_whole() -> bytes:
             with lakefs.StoredObject(self.name, ref, path, self._client).reader(
@@ -240,7 +259,7 @@ class LakeFSRepo:
         return self._call(f"read {path!r} at ref {ref!r}", read_whole)
 
     def stat(self, ref: str, path: str) -> ObjectStat:
-        validate_path(path)
+        validate_key(path)
         info = self._call(
             f"stat {path!r} at ref {ref!r}",
             lambda: lakefs.StoredObject(self.name, ref, path, self._client).stat(),
@@ -248,7 +267,7 @@ class LakeFSRepo:
         return _object_stat(info)
 
     def exists(self, ref: str, path: str) -> bool:
-        validate_path(path)
+        validate_key(path)
         try:
             self.stat(ref, path)
         except NotFound:
@@ -258,7 +277,7 @@ class LakeFSRepo:
         return True
 
     def list(self, ref: str, prefix: str = "") -> Iterator[ObjectStat]:
-        validate_prefix(prefix)
+        validate_key_prefix(prefix)
         listing = self._resumable(
             f"list {prefix!r} at ref {ref!r}",
             lambda after, remaining: lakefs.Reference(self.name, ref, self._client).objects(
@@ -270,7 +289,7 @@ class LakeFSRepo:
 
     def delete(self, branch: str, path: str) -> None:
         validate_branch(branch)
-        validate_path(path)
+        validate_key(path)
         target = self._repo.branch(branch).object(path)
         # NotFound now, so that after a lost response an absent object proves the delete worked.
         self.stat(branch, path)
@@ -370,8 +389,7 @@ class LakeFSRepo:
     def reset_hard(self, branch: str, ref: str) -> None:
         validate_branch(branch)
         commit_id = self.resolve(ref)
-        # lakeFS refuses to move a dirty branch; the port drops its staged changes first.
-        self.discard_uncommitted(branch)
+        # One call, so the move is atomic; lakeFS keeps the branch's staged changes, as the port says.
         self._call(
             f"hard reset branch {branch!r} to {ref!r}",
             lambda: self._sdk.experimental_api.hard_reset_branch(self.name, branch, commit_id),
@@ -404,7 +422,7 @@ class LakeFSRepo:
         return _port_commit(self._commit_of(ref))
 
     def diff(self, left: str, right: str, prefix: str = "") -> list[Change]:
-        validate_prefix(prefix)
+        validate_key_prefix(prefix)
         changes = self._resumable(
             f"diff {left!r} against {right!r}",
             lambda after, remaining: lakefs.Reference(self.name, left, self._client).diff(
@@ -460,7 +478,8 @@ def _marked(metadata: dict[str, str] | None) -> tuple[dict[str, str], str]:
 
 
 def _port_commit(commit: lakefs.Commit | lakefs_sdk.Commit) -> Commit:
-    metadata = {key: value for key, value in (commit.metadata or {}).items() if key != WRITE_ID}
+    metadata = user_metadata(commit.metadata or {})
+    metadata.pop(WRITE_ID, None)
     return Commit(
         id=commit.id,
         parents=tuple(commit.parents),

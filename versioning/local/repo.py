@@ -6,18 +6,26 @@ Layout of ``root``::
     objects/ab/cdef..  object bytes, named by their sha256; read-only files
     objects/tmp/       temp files of writes in progress (swept by ensure())
 
-Semantics follow lakeFS (see versioning.port). Where lakeFS leaves a choice:
+Semantics follow lakeFS v1.84.0 (see versioning.port and docs/versioning.md):
 
 * reads of a branch see its staged changes; ``diff``, ``log``, ``merge`` and ``revert``
   work on commits, so a branch there means its head commit (staged changes ignored);
+* a staged entry equal to the committed one (same sha256 and size) is no change: it
+  neither makes a commit nor a dirty branch, and committing keeps the committed entry;
 * ``merge`` of a source with no changes since the merge base raises NoChanges;
   otherwise it always records a merge commit (no fast-forward), parents
   (destination head, source commit);
 * ``revert`` that would change nothing raises NoChanges; one whose paths were changed
   again since raises Conflict naming them;
+* ``reset_hard`` moves the head and keeps the staged changes;
 * the default branch cannot be deleted;
-* commit ids may be abbreviated to a unique prefix of at least 6 hex digits, and any ref
-  takes lakeFS's ancestry suffixes (``main~1``, ``v1^2``).
+* branches, tags and commit ids share one namespace; a ref resolves as a full commit id,
+  then a branch, then a tag, then a unique commit id prefix, and takes lakeFS's
+  modifiers: ``~N`` (N first parents up), ``^N`` (parent N), ``@`` (a branch's committed
+  state, without its staged changes).
+
+The lakeFS merge-commit metadata key ``.lakefs.merge.strategy`` is not added here: the
+port keeps lakeFS's ``.lakefs.`` keys out of what it returns (the API double adds it).
 
 Garbage collection is not implemented: objects of deleted branches and orphan objects
 of interrupted writes stay on disk (never visible through the port).
@@ -48,16 +56,20 @@ from versioning.port import (
     PutSource,
     RepoError,
     validate_branch,
+    validate_key,
+    validate_key_prefix,
     validate_metadata,
-    validate_path,
-    validate_prefix,
     validate_repo_name,
     validate_tag,
 )
 
 INITIAL_MESSAGE = "Repository created"
-_HEX_PREFIX = re.compile(r"^[0-9a-f]{6,64}$")
-_ANCESTRY = re.compile(r"^(.*?)((?:[~^]\d*)*)$", re.DOTALL)
+# lakeFS's ref grammar (pkg/graveler/ref/parse_ref.go, resolve_ref.go).
+_HASH = re.compile(r"^[0-9a-fA-F]{1,64}$")
+_FULL_COMMIT_ID = re.compile(r"^[0-9a-fA-F]{64}$")
+_REF_PARTS = re.compile(r"(?:^|[~^@$])[^~^@$]*")
+_MODIFIER_COUNT = re.compile(r"^[+-]?[0-9]+$")
+_GO_SPACE = re.compile(r"[\t\n\f\r ]")
 
 
 class LocalRepo:
@@ -110,11 +122,26 @@ class LocalRepo:
     def create_branch(self, name: str, source: str = "main") -> str:
         validate_branch(name)
         with self._db.write() as conn:
+            # lakeFS's order (pkg/catalog/catalog.go, pkg/graveler/graveler.go): the shared
+            # namespace first, then the source, then an existing branch.
+            self._refuse_commit_id_name(conn, "branch", name)
+            if conn.execute("SELECT 1 FROM tags WHERE name=?", (name,)).fetchone():
+                raise Conflict(
+                    f"cannot create branch {name!r}: a tag has that name "
+                    "(branches, tags and commit ids share one namespace)"
+                )
             head = self._resolve(conn, source)
             if conn.execute("SELECT 1 FROM branches WHERE name=?", (name,)).fetchone():
                 raise Conflict(f"branch {name!r} already exists")
             conn.execute("INSERT INTO branches(name, head) VALUES (?, ?)", (name, head))
         return head
+
+    def _refuse_commit_id_name(self, conn: sqlite3.Connection, kind: str, name: str) -> None:
+        if graph.load(conn, name) is not None:
+            raise Conflict(
+                f"cannot create {kind} {name!r}: a commit has that id "
+                "(branches, tags and commit ids share one namespace)"
+            )
 
     def delete_branch(self, name: str) -> None:
         validate_branch(name)
@@ -132,6 +159,12 @@ class LocalRepo:
     def create_tag(self, tag: str, ref: str) -> str:
         validate_tag(tag)
         with self._db.write() as conn:
+            if conn.execute("SELECT 1 FROM branches WHERE name=?", (tag,)).fetchone():
+                raise Conflict(
+                    f"cannot create tag {tag!r}: a branch has that name "
+                    "(branches, tags and commit ids share one namespace)"
+                )
+            self._refuse_commit_id_name(conn, "tag", tag)
             target = self._resolve(conn, ref)
             existing = conn.execute("SELECT commit_id FROM tags WHERE name=?", (tag,)).fetchone()
             if existing:
@@ -153,7 +186,7 @@ class LocalRepo:
 
     def put(self, branch: str, path: str, data: PutSource) -> ObjectStat:
         validate_branch(branch)
-        validate_path(path)
+        validate_key(path)
         self._branch_head(self._db.connection(), branch)  # fail before copying gigabytes in vain
         try:
             sha256, size = self._objects.write(data)
@@ -186,7 +219,7 @@ class LocalRepo:
         return self._find(ref, path) is not None
 
     def list(self, ref: str, prefix: str = "") -> Iterator[ObjectStat]:
-        validate_prefix(prefix)
+        validate_key_prefix(prefix)
         with self._db.read() as conn:
             cid, branch = self._resolve_with_branch(conn, ref)
             tree = self._commit(conn, cid).tree
@@ -214,7 +247,7 @@ class LocalRepo:
 
     def delete(self, branch: str, path: str) -> None:
         validate_branch(branch)
-        validate_path(path)
+        validate_key(path)
         with self._db.write() as conn:
             head = self._branch_head(conn, branch)
             staged = conn.execute(
@@ -245,9 +278,14 @@ class LocalRepo:
         with self._db.write() as conn:
             head = self._commit(conn, self._branch_head(conn, branch))
             staged = self._staged(conn, branch, "")
-            if not staged and not allow_empty:
-                raise NoChanges(f"branch {branch!r} has no uncommitted changes to commit")
+            # As lakeFS (pkg/graveler/committed/commit.go): a staged entry equal to the
+            # committed one is no change, so re-uploading the same bytes commits nothing.
             tree = trees.apply_changes(conn, head.tree, dict(staged))
+            if tree == head.tree and not allow_empty:
+                raise NoChanges(
+                    f"branch {branch!r} has no uncommitted changes to commit"
+                    + (" (every staged object equals the committed one)" if staged else "")
+                )
             row = _new_commit(conn, tree, (head.id,), message, metadata)
             self._move_branch(conn, branch, head.id, row.id)
             conn.execute("DELETE FROM staging WHERE branch=?", (branch,))
@@ -263,9 +301,9 @@ class LocalRepo:
         validate_branch(destination)
         metadata = validate_metadata(metadata)
         with self._db.write() as conn:
-            theirs = self._commit(conn, self._resolve(conn, source))
             ours = self._commit(conn, self._branch_head(conn, destination))
-            self._require_clean(conn, destination, "merging into it")
+            self._require_clean(conn, destination, ours.tree, "merging into it")
+            theirs = self._commit(conn, self._resolve(conn, source))
             base_id = graph.merge_base(conn, ours.id, theirs.id)
             base_tree = self._commit(conn, base_id).tree if base_id else trees.EMPTY_TREE
             changes, conflicts = trees.three_way(conn, base_tree, ours.tree, theirs.tree)
@@ -297,13 +335,13 @@ class LocalRepo:
         metadata = validate_metadata(metadata)
         with self._db.write() as conn:
             head = self._commit(conn, self._branch_head(conn, branch))
-            self._require_clean(conn, branch, "reverting on it")
             reverted = self._commit(conn, self._resolve(conn, commit_id))
             if not 1 <= parent_number <= len(reverted.parents):
                 raise InvalidPath(
                     f"commit {reverted.id} has {len(reverted.parents)} parent(s); "
                     f"parent_number {parent_number} does not name one"
                 )
+            self._require_clean(conn, branch, head.tree, "reverting on it")
             parent = self._commit(conn, reverted.parents[parent_number - 1])
             changes, conflicts = trees.three_way(conn, reverted.tree, head.tree, parent.tree)
             if conflicts:
@@ -314,17 +352,17 @@ class LocalRepo:
             if not changes:
                 raise NoChanges(f"reverting {reverted.id} would not change branch {branch!r}")
             tree = trees.apply_changes(conn, head.tree, changes)
-            row = _new_commit(conn, tree, (head.id,), f"Revert {reverted.id}", metadata)
+            row = _new_commit(conn, tree, (head.id,), f"Revert {commit_id}", metadata)
             self._move_branch(conn, branch, head.id, row.id)
         return row.to_commit()
 
     def reset_hard(self, branch: str, ref: str) -> None:
+        """Move the head; staged changes stay, as in lakeFS (pkg/graveler/graveler.go ResetHard)."""
         validate_branch(branch)
         with self._db.write() as conn:
             head = self._branch_head(conn, branch)
             target = self._resolve(conn, ref)
             self._move_branch(conn, branch, head, target)
-            conn.execute("DELETE FROM staging WHERE branch=?", (branch,))
 
     def discard_uncommitted(self, branch: str) -> None:
         validate_branch(branch)
@@ -351,7 +389,7 @@ class LocalRepo:
             return self._commit(conn, self._resolve(conn, ref)).to_commit()
 
     def diff(self, left: str, right: str, prefix: str = "") -> list[Change]:
-        validate_prefix(prefix)
+        validate_key_prefix(prefix)
         with self._db.read() as conn:
             left_tree = self._commit(conn, self._resolve(conn, left)).tree
             right_tree = self._commit(conn, self._resolve(conn, right)).tree
@@ -371,30 +409,55 @@ class LocalRepo:
         return self._resolve_with_branch(conn, ref)[0]
 
     def _resolve_with_branch(self, conn: sqlite3.Connection, ref: str) -> tuple[str, str | None]:
-        """(commit id, branch name if ``ref`` is a branch). Branch, then tag, then commit id;
-        lakeFS's ancestry suffixes apply to any of them: ``~N`` (N first parents up), ``^N`` (parent N)."""
-        if not isinstance(ref, str) or not ref or "\x00" in ref:
+        """(commit id, branch name if ``ref`` reads a branch with its staged changes).
+
+        lakeFS's grammar: a base ref (full commit id, branch, tag, then unique commit id
+        prefix, in that order) and modifiers: ``~N`` (N first parents up), ``^N`` (parent N,
+        ``^0`` the commit itself), ``@`` (a branch's head without its staged changes).
+        """
+        if not isinstance(ref, str) or not ref or _GO_SPACE.search(ref):
             raise InvalidPath(f"ref {ref!r} is not a branch, tag or commit id")
-        base, modifiers = _ANCESTRY.match(ref).groups()  # type: ignore[union-attr]
-        if modifiers:
-            cid = self._resolve(conn, base)
-            for op, digits in re.findall(r"([~^])(\d*)", modifiers):
-                count = int(digits or 1)
-                for _ in range(count if op == "~" else min(count, 1)):  # "^0" is the commit itself
+        base, *modifiers = _REF_PARTS.findall(ref)
+        if not base:
+            raise InvalidPath(f"ref {ref!r} is not a branch, tag or commit id")
+        cid, branch = self._resolve_base(conn, base, ref)
+        if not modifiers:
+            return cid, branch
+        for modifier in modifiers:
+            kind, count_text = modifier[0], modifier[1:]
+            if kind == "$":
+                raise InvalidPath(f"ref {ref!r}: staging refs ('$') are not supported; use the branch name")
+            if kind == "@":
+                if branch is None or len(modifiers) != 1 or count_text:
+                    raise InvalidPath(f"ref {ref!r}: '@' stands alone after a branch name")
+                return cid, None
+            if count_text and not _MODIFIER_COUNT.match(count_text):
+                raise InvalidPath(f"ref {ref!r}: cannot parse the modifier {modifier!r}")
+            count = int(count_text) if count_text else 1
+            if kind == "~":
+                for _ in range(count):
                     parents = self._commit(conn, cid).parents
-                    index = 0 if op == "~" else count - 1
-                    if index >= len(parents):
+                    if not parents:
                         raise NotFound(f"ref {ref!r} not found in repository {self.name!r}: no such ancestor")
-                    cid = parents[index]
-            return cid, None
-        row = conn.execute("SELECT head FROM branches WHERE name=?", (ref,)).fetchone()
+                    cid = parents[0]
+            elif count > 0:  # "^0" is the commit itself
+                parents = self._commit(conn, cid).parents
+                if count > len(parents):
+                    raise InvalidPath(f"ref {ref!r}: commit {cid} has {len(parents)} parent(s)")
+                cid = parents[count - 1]
+        return cid, None
+
+    def _resolve_base(self, conn: sqlite3.Connection, base: str, ref: str) -> tuple[str, str | None]:
+        if _FULL_COMMIT_ID.match(base) and graph.load(conn, base) is not None:
+            return base, None
+        row = conn.execute("SELECT head FROM branches WHERE name=?", (base,)).fetchone()
         if row:
-            return row[0], ref
-        row = conn.execute("SELECT commit_id FROM tags WHERE name=?", (ref,)).fetchone()
+            return row[0], base
+        row = conn.execute("SELECT commit_id FROM tags WHERE name=?", (base,)).fetchone()
         if row:
             return row[0], None
-        if _HEX_PREFIX.match(ref):
-            found = graph.find_by_prefix(conn, ref)
+        if _HASH.match(base):
+            found = graph.find_by_prefix(conn, base)
             if len(found) == 1:
                 return found[0], None
             if len(found) > 1:
@@ -428,19 +491,26 @@ class LocalRepo:
     def _staged(
         self, conn: sqlite3.Connection, branch: str, prefix: str
     ) -> list[tuple[str, trees.FileEntry | None]]:
+        # A range scan, not substr(): keys may hold any character, NUL included.
         rows = conn.execute(
-            "SELECT path, sha256, size, mtime FROM staging WHERE branch=? AND substr(path, 1, ?) = ?",
-            (branch, len(prefix), prefix),
-        ).fetchall()
-        return sorted(
-            (path, None if sha256 is None else (sha256, size, mtime)) for path, sha256, size, mtime in rows
+            "SELECT path, sha256, size, mtime FROM staging WHERE branch=? AND path >= ? ORDER BY path",
+            (branch, prefix),
         )
+        staged = []
+        for path, sha256, size, mtime in rows:
+            if not path.startswith(prefix):
+                break
+            staged.append((path, None if sha256 is None else (sha256, size, mtime)))
+        rows.close()
+        return staged  # SQLite's BINARY order of UTF-8 is Python's order of the strings
 
-    def _require_clean(self, conn: sqlite3.Connection, branch: str, doing: str) -> None:
-        if conn.execute("SELECT 1 FROM staging WHERE branch=? LIMIT 1", (branch,)).fetchone():
-            raise Conflict(
-                f"branch {branch!r} has uncommitted changes; commit or discard them before {doing}"
-            )
+    def _require_clean(self, conn: sqlite3.Connection, branch: str, head_tree: str, doing: str) -> None:
+        """Conflict if a staged entry differs from the head's (lakeFS's dirty-branch test)."""
+        for path, entry in self._staged(conn, branch, ""):
+            if not trees.same_content(entry, trees.lookup(conn, head_tree, path)):
+                raise Conflict(
+                    f"branch {branch!r} has uncommitted changes; commit or discard them before {doing}"
+                )
 
     def _entry(self, ref: str, path: str) -> trees.FileEntry:
         entry = self._find(ref, path)
@@ -450,7 +520,7 @@ class LocalRepo:
 
     def _find(self, ref: str, path: str) -> trees.FileEntry | None:
         """The entry ``path`` has at ``ref`` (staged changes included on a branch), or None."""
-        validate_path(path)
+        validate_key(path)
         with self._db.read() as conn:
             cid, branch = self._resolve_with_branch(conn, ref)
             if branch is not None:

@@ -5,7 +5,10 @@ entries) whose rows live in the ``tree_entries`` table. A commit that changes on
 object rewrites only the directories on that object's path, and a diff skips every
 subtree whose id is equal on both sides, so commits and diffs over ~100k objects
 touch only what changed. A name may be both a file and a directory (``a`` and
-``a/b`` are distinct object keys, as in an object store).
+``a/b`` are distinct object keys, as in an object store). Keys are split on every
+``/`` and nothing else: any lakeFS key has a place, so ``a//b`` is file ``b`` in
+directory ``""`` in directory ``a``, ``dir/`` is file ``""`` in ``dir``, and ``..`` is
+a name like any other (trees never touch the file system).
 """
 
 from __future__ import annotations
@@ -63,9 +66,9 @@ def subdirectory(conn: sqlite3.Connection, tree: str, name: str) -> str | None:
 
 def iterate(conn: sqlite3.Connection, tree: str, prefix: str = "") -> Iterator[tuple[str, FileEntry]]:
     """Every (path, entry) under ``prefix`` (a plain string prefix), in path order."""
-    directory, _, name_prefix = prefix.rpartition("/")
+    directory, slash, name_prefix = prefix.rpartition("/")
     base = ""
-    if directory:
+    if slash:  # "/x" lies in the directory named "", not in the root
         for part in directory.split("/"):
             subtree = subdirectory(conn, tree, part)
             if subtree is None:
@@ -89,7 +92,11 @@ def _walk(
 
 
 def apply_changes(conn: sqlite3.Connection, tree: str, changes: dict[str, FileEntry | None]) -> str:
-    """The id of ``tree`` with ``changes`` applied (None removes a path); stores new trees."""
+    """The id of ``tree`` with ``changes`` applied (None removes a path); stores new trees.
+
+    The result equals ``tree`` exactly when no change alters content: an entry equal to the
+    one in ``tree`` keeps the old row, and removing an absent path does nothing.
+    """
     if not changes:
         return tree
     return _apply(conn, tree, changes)
@@ -105,7 +112,11 @@ def _apply(conn: sqlite3.Connection, tree: str, changes: dict[str, FileEntry | N
         elif entry is None:
             entries.pop((head, 0), None)
         else:
-            entries[(head, 0)] = (head, 0, entry[0], entry[1], entry[2])
+            old = entries.get((head, 0))
+            # Equal content keeps the committed row (its mtime too), as lakeFS keeps an entry
+            # of equal identity: a tree id then changes only when some content does.
+            if old is None or not same_content((old[2], old[3], old[4]), entry):
+                entries[(head, 0)] = (head, 0, entry[0], entry[1], entry[2])
     for name, sub_changes in below.items():
         old = entries.get((name, 1))
         subtree = _apply(conn, old[2] if old else EMPTY_TREE, sub_changes)
