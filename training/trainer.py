@@ -522,7 +522,16 @@ class Trainer:
         return self._finish()
 
     def close(self) -> None:
-        """Stop the loader, finish a save in flight, give queued lineage a last try (also after an error)."""
+        """Stop the loader, finish a save in flight, give queued lineage a last try (also after an error).
+
+        The DDP wrapper goes first, while the process group is still registered: its C++
+        reducer holds the group, and if the reducer were the group's last owner, the group's
+        destructor would run under the GIL and wait for a gloo worker thread that needs the
+        GIL to free a finished collective's tensors (a hang at exit, found by the chaos
+        campaign). Freed here, the group is destroyed later by ``destroy_process_group``,
+        whose binding lets go of the GIL first."""
+        self.ddp = None
+        self.model = self.raw_model
         self.loader.close()
         if self.samples_log:
             self.samples_log.close()
