@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from tasks.ingest import IngestConfig, SourceConfig, ingest_partition, plan_partitions  # noqa: E402
 from tasks.ingest.partitions import list_source_files  # noqa: E402
-from tasks.io import iter_batches  # noqa: E402
+from tasks.parts import iter_batches  # noqa: E402
 from tasks.validate import ValidateConfig, apply_filters  # noqa: E402
 
 EXCLUDED = ["site-packages/*", "dist-packages/*", "*/__pycache__/*", "__pycache__/*"]
@@ -125,14 +125,15 @@ def timed(run, *args) -> tuple[dict[str, int], float, float]:
 def stage_once(config: IngestConfig, filters: ValidateConfig) -> dict[str, float]:
     """The full stages (LocalRepo, gates, Data Docs) once, for the record."""
     from tasks.ingest import run_ingest
+    from tasks.stage import run_stage
     from tasks.validate.stage import run_validate
     from versioning import open_repo
 
     with tempfile.TemporaryDirectory() as root:
         repo = open_repo(str(Path(root) / "repo"))
         cpu, wall = time.process_time(), time.perf_counter()
-        ingested = run_ingest(repo, "main", config, repo.resolve("main"))
-        validated = run_validate(repo, "main", filters, ingested.commit_id)
+        ingested = run_stage(run_ingest, repo, "main", repo.resolve("main"), config)
+        validated = run_stage(run_validate, repo, "main", ingested.commit_id, filters)
         return {
             "cpu_seconds": time.process_time() - cpu,
             "wall_seconds": time.perf_counter() - wall,

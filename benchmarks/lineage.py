@@ -11,7 +11,7 @@ Measured, best of ``--rounds``:
   one listing, every record read in parallel;
 * ``lineage of big@500``: :func:`flows.lineage.checkpoint_lineage` (``tokenlake lineage RUN@STEP``):
   the run's listing, one record, the publish and its stage commits;
-* ``samples of step 100``: :func:`flows.lineage.step_positions` (``--step``): the listing,
+* ``samples of step 100``: :func:`flows.step_samples.step_positions` (``--step``): the listing,
   the two records around the step, mix and manifest.
 
     .venv/bin/python benchmarks/lineage.py [--checkpoints 1000] [--rounds 3]
@@ -35,7 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows.lineage import checkpoint_lineage, checkpoints_on, find_checkpoint, step_positions  # noqa: E402
+from flows.lineage import checkpoint_lineage, checkpoints_on, find_checkpoint  # noqa: E402
+from flows.step_samples import step_positions  # noqa: E402
 from tests.flows.lineage_support import (  # noqa: E402
     BAD_SOURCES,
     GOOD_SOURCES,

@@ -2,8 +2,8 @@
 
 Both sides curate the same input (this machine's demo sources: standard-library code, package
 metadata and licenses; see ``flows/demo_sources.py``) into a fresh local repository and publish
-it: the direct side calls ``run_ingest``, ``run_validate``, ``run_dedup_stage``,
-``run_shard_stage`` and ``run_mix_stage`` on a branch, then merges into main and tags; the flow
+it: the direct side calls ``run_ingest``, ``run_validate``, ``run_dedup``, ``run_shard`` and
+``run_mix`` (through ``tasks.stage.run_stage``) on a branch, then merges into main and tags; the flow
 side runs ``flows.curate.curate`` (task runs, cache keys and persisted results, reuse
 decisions, artifacts, the publish lock) against an already-running ephemeral Prefect API, so
 the API server's start is not counted. On this noisy shared machine the rounds alternate which
@@ -43,11 +43,12 @@ from flows.curate import curate  # noqa: E402
 from flows.demo_sources import MB, DemoBudget, demo_sources  # noqa: E402
 from flows.params import CurateParams, GateConfig, RepositoryConfig  # noqa: E402
 from flows.wap import MAIN, next_tag  # noqa: E402
-from tasks.dedup.stage import run_dedup_stage  # noqa: E402
+from tasks.dedup.stage import run_dedup  # noqa: E402
 from tasks.ingest.config import IngestConfig  # noqa: E402
 from tasks.ingest.stage import run_ingest  # noqa: E402
-from tasks.mix import run_mix_stage  # noqa: E402
-from tasks.shard.stage import run_shard_stage  # noqa: E402
+from tasks.mix.stage import run_mix  # noqa: E402
+from tasks.shard.stage import run_shard  # noqa: E402
+from tasks.stage import run_stage  # noqa: E402
 from tasks.validate.stage import run_validate  # noqa: E402
 from versioning.local import LocalRepo  # noqa: E402
 
@@ -63,13 +64,13 @@ def direct(params: CurateParams, repo_dir: Path) -> dict[str, float]:
     seconds = {}
     for stage, run, config in [
         ("ingest", run_ingest, params.ingest),
-        ("validate", run_validate, params.filters),
-        ("dedup", run_dedup_stage, params.dedup),
-        ("shard", run_shard_stage, params.shards),
-        ("mix", run_mix_stage, params.mix),
+        ("validate", run_validate, params.validation),
+        ("dedup", run_dedup, params.dedup),
+        ("shard", run_shard, params.shards),
+        ("mix", run_mix, params.mix),
     ]:
         t = time.perf_counter()
-        commit = run(repo, "direct", config, commit, None).commit_id
+        commit = run_stage(run, repo, "direct", commit, config).commit_id
         seconds[stage] = time.perf_counter() - t
     repo.create_tag(next_tag(repo), repo.merge(commit, MAIN, "publish"))
     seconds["total"] = time.perf_counter() - started

@@ -42,11 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from tasks.io import document_id  # noqa: E402
+from formats import layout  # noqa: E402
+from tasks.schema import document_id  # noqa: E402
 from tasks.shard.config import ShardConfig  # noqa: E402
-from tasks.shard.stage import run_shard_stage  # noqa: E402
+from tasks.shard.stage import run_shard  # noqa: E402
 from tasks.shard.verify import verify_shards_at  # noqa: E402
-from tasks.tokenize import TOKENIZER_PATH, TrainingSample, load_tokenizer, train_tokenizer  # noqa: E402
+from tasks.stage import run_stage  # noqa: E402
+from tasks.tokenize import TrainingSample, load_tokenizer, train_tokenizer  # noqa: E402
 from versioning.local import LocalRepo  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -111,7 +113,7 @@ def make_repo(
     for source, docs in corpus.items():
         for i, part in enumerate(dedup_parts(source, docs)):
             repo.put("main", f"dedup/{source}/part-{i:05d}.parquet", part)
-    repo.put("main", TOKENIZER_PATH, tokenizer_json.encode())
+    repo.put("main", layout.TOKENIZER, tokenizer_json.encode())
     return repo, repo.commit("main", "dedup + tokenizer").id
 
 
@@ -131,7 +133,7 @@ def raw_encode(tokenizer_json: str, texts: list[str], batch: int, method: str) -
 def end_to_end(repo: LocalRepo, input_commit: str, config: ShardConfig, branch: str) -> dict:
     """The stage (Parquet to shards in the repository), then verification of every shard."""
     repo.create_branch(branch, "main")
-    result = run_shard_stage(repo, branch, config, input_commit)
+    result = run_stage(run_shard, repo, branch, input_commit, config)
     verification = verify_shards_at(repo, result.commit_id)
     if not verification.ok:
         raise SystemExit(f"verification failed: {[c.faults for c in verification.faulty]}")

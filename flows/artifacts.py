@@ -7,7 +7,7 @@ run from the shell and a run watched in the Prefect UI show the same progress.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +16,7 @@ from uuid import UUID
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 from prefect.artifacts import update_progress_artifact as _update_progress
 
-from tasks.io import StageResult
+from tasks.stage import StageResult
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def _notify(event: StageEvent) -> None:
 class RunProgress:
     """The run's progress artifact (percent of stages done) plus in-process listeners."""
 
-    def __init__(self, stages: list[str]):
+    def __init__(self, stages: Sequence[str]):
         self.stages = stages
         self.artifact_id: UUID = create_progress_artifact(
             0.0, key="curate-progress", description=f"curate: 0 of {len(stages)} stages"

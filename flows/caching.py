@@ -29,7 +29,7 @@ from prefect.cache_policies import CachePolicy
 from prefect.filesystems import LocalFileSystem
 from prefect.results import ResultStore
 
-from tasks.io import StageResult, config_hash
+from tasks.stage import StageResult, config_hash
 from versioning import DataRepo, NotFound, data_home, open_repo
 
 

@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "flows.commands.repo",
     "flows.commands.shards",
     "flows.commands.lineage",
+    "flows.commands.deploy",
 ]
 
 

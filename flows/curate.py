@@ -6,7 +6,7 @@ whose metadata carries stage, stage-config hash, input commit, flow-run id and c
 When every gate holds, the run is merged into ``main`` and tagged (:mod:`flows.wap`).
 Failure never touches ``main``: the Prefect transaction's rollback deletes the run branch,
 and the janitor (:mod:`flows.janitor`) removes the branch of a killed process. Finished
-stages are reused exactly (:mod:`flows.chain`).
+stages are reused exactly (:mod:`flows.stage_runner`).
 """
 
 from __future__ import annotations
@@ -23,32 +23,37 @@ from prefect.cache_policies import NO_CACHE
 from prefect.transactions import BaseTransaction, get_transaction, transaction
 
 from flows.artifacts import SummaryLinks, stages_table, summary
-from flows.chain import IO_RETRIES, RunChain
 from flows.params import CurateParams, GateConfig, check_ready
+from flows.stage_runner import StageRunner
 from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish
+from formats import layout
 from tasks.dedup.task import dedup_task
 from tasks.ingest.task import ingest_task
-from tasks.io import StageResult, config_hash
-from tasks.mix import mix_task
+from tasks.mix.task import mix_task
 from tasks.shard.task import shard_task
+from tasks.stage import StageResult, config_hash
+from tasks.stage_task import IO_RETRIES
 from tasks.validate.task import validate_task
 from versioning import NotFound, TransientError, data_home, open_repo, validate_path
 
 
-class GateFailed(RuntimeError):
-    """A publish gate did not hold; the message lists every failed gate."""
+class PublishRefused(RuntimeError):
+    """A publish gate of the run (``[gates]``) did not hold; the message lists every one.
+
+    (A stage's own Great Expectations suites failing is :class:`tasks.gates.ExpectationsFailed`.)
+    """
 
 
 @flow(name="curate", log_prints=True)
 def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
     """Curate the configured sources into a new dataset version on ``main``."""
-    run = RunChain.start(params)
+    run = StageRunner.start(params)
     preflight(params, run.repo_spec)
     head = open_branch(run.repo_spec, run.branch)
     with rolled_back_on_failure(run.repo_spec, run.branch):  # main stays untouched
         run.begin(head)
         ingested = run.run("ingest", ingest_task, params.ingest, input_commit=head)
-        validated = run.run("validate", validate_task, params.filters, ingested.commit_id)
+        validated = run.run("validate", validate_task, params.validation, ingested.commit_id)
         deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)
         sharded = run.run("shard", shard_task, params.shards, deduped.commit_id)
         mixed = run.run("mix", mix_task, params.mix, sharded.commit_id)
@@ -164,7 +169,7 @@ def _source_tokens(stats: dict[str, Any] | None) -> int:
 def check_gates(gates: GateConfig, sources: list[str], results: dict[str, StageResult]) -> None:
     failures = gate_failures(gates, sources, results)
     if failures:
-        raise GateFailed("not published: " + "; ".join(failures))
+        raise PublishRefused("not published: " + "; ".join(failures))
 
 
 @task(name="publish", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -181,16 +186,17 @@ def publish_task(
 def summary_links(repo_spec: str, tag: str, lakefs_ui: str | None) -> SummaryLinks:
     """Where to look: each stage's Data Docs (lakeFS UI pages, or local copies) and the lakeFS UI."""
     repo = open_repo(repo_spec, create=False)
-    stages = sorted({o.path.split("/")[2] for o in repo.list(tag, "reports/data_docs/") if o.path.endswith("/index.html")})
+    docs = f"{layout.DATA_DOCS}/"
+    stages = sorted({o.path.removeprefix(docs).split("/")[0] for o in repo.list(tag, docs) if o.path.endswith("/index.html")})
     if repo_spec.startswith("lakefs://"):
         ui = lakefs_ui or getattr(repo, "endpoint", "")
         name = repo_spec.removeprefix("lakefs://").strip("/")
-        docs = {s: f"{ui}/repositories/{name}/object?ref={tag}&path=reports/data_docs/{s}/index.html" for s in stages}
-        return SummaryLinks(data_docs=docs, lakefs_ui=ui, repository=name)
+        pages = {s: f"{ui}/repositories/{name}/object?ref={tag}&path={layout.data_docs_folder(s)}/index.html" for s in stages}
+        return SummaryLinks(data_docs=pages, lakefs_ui=ui, repository=name)
     target = data_home() / "data-docs" / tag  # browsers open local files, not repository objects
-    for stat in repo.list(tag, "reports/data_docs/"):
+    for stat in repo.list(tag, docs):
         # Any lakeFS key may be listed ("a/../b"); only a safe relative path becomes a file.
-        path = target / validate_path(stat.path.removeprefix("reports/data_docs/"))
+        path = target / validate_path(stat.path.removeprefix(docs))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(repo.get(tag, stat.path))
     return SummaryLinks(data_docs={s: (target / s / "index.html").as_uri() for s in stages}, repository=repo_spec)

@@ -17,7 +17,7 @@ the dataset repository, so they answer the same on both adapters:
 * the data commits: a publish merge names its stage chain (:class:`flows.wap.PublishRecord`),
   each stage commit carries its config hash and flow-run id, the ingest report names the
   sources, and ``shards/manifest.json`` + ``mix.json`` turn a training step's global sample
-  positions into (source, shard, sequence).
+  positions into (source, shard, sequence): :mod:`flows.step_samples`.
 
 A checkpoint is named ``RUN@STEP`` or by its directory on disk; a data version by tag,
 branch or commit id.
@@ -33,38 +33,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from flows.wap import PublishRecord
-from formats.mix import MixPlan
-from formats.shards import Manifest
+from formats import layout
+from formats.layout import LINEAGE_BRANCH
 from training.checkpoint import META
-from training.data import MANIFEST_PATH, MIX_PATH, batch_positions, train_sequence_counts
-from training.lineage import LINEAGE_BRANCH
 from versioning import DataRepo, NotFound
 
-RUNS_PREFIX = "runs/"
-ROLLBACK_RECORDS = "runs/_rollbacks/"
-CURATE_STAGES = ("ingest", "validate", "dedup", "shard", "mix")
 READ_WORKERS = 16  # records are small; on lakeFS each read is one HTTP round trip
 
-_CHECKPOINT = re.compile(r"^runs/(?P<run>[^/_][^/]*)/checkpoints/step-(?P<step>\d+)\.json$")
-_EVENT = re.compile(r"^runs/(?P<run>[^/_][^/]*)/events/(?P<kind>[a-z-]+)-step-(?P<step>\d+)\.json$")
-_TAINT = re.compile(r"^runs/(?P<run>[^/_][^/]*)/taints/step-(?P<step>\d+)\.json$")
-_ROLLBACK = re.compile(r"^runs/_rollbacks/(?P<tag>[^/]+)\.json$")
 CHECKPOINT_REF = re.compile(r"^(?P<run>[A-Za-z0-9][A-Za-z0-9._-]{0,99})@(?P<step>\d+)$")
 
 
 class LineageError(ValueError):
     """A lineage question that cannot be answered; the message says what to give instead."""
-
-
-def taint_record_path(run: str, step: int) -> str:
-    return f"runs/{run}/taints/step-{step:07d}.json"
-
-
-def rollback_record_path(tag: str) -> str:
-    return f"{ROLLBACK_RECORDS}{tag}.json"
 
 
 @dataclass(frozen=True)
@@ -172,18 +153,18 @@ def read_lineage(repo: DataRepo, run: str | None = None, select: StepSelector | 
         commit = repo.resolve(LINEAGE_BRANCH)
     except NotFound:
         return LineageIndex(None, [], [], [])
-    prefixes = [f"{RUNS_PREFIX}{run}/", ROLLBACK_RECORDS] if run else [RUNS_PREFIX]
+    prefixes = [f"{layout.run_records(run)}/", f"{layout.ROLLBACK_RECORDS}/"] if run else [f"{layout.RUNS}/"]
     paths = [stat.path for prefix in prefixes for stat in repo.list(commit, prefix)]
-    checkpoint_paths = {_run_step(m): p for p in paths if (m := _CHECKPOINT.match(p))}
+    checkpoint_paths = {_run_step(m): p for p in paths if (m := layout.CHECKPOINT_RECORD.match(p))}
     listed: dict[str, list[int]] = {}
     for run_name, step in sorted(checkpoint_paths):
         listed.setdefault(run_name, []).append(step)
     if select is not None:
         chosen = {(name, step) for name, steps in listed.items() for step in select(steps)}
         checkpoint_paths = {key: p for key, p in checkpoint_paths.items() if key in chosen}
-    taint_paths = {_run_step(m): p for p in paths if (m := _TAINT.match(p))}
-    event_paths = [p for p in paths if _EVENT.match(p)]
-    rollback_paths = [p for p in paths if _ROLLBACK.match(p)]
+    taint_paths = {_run_step(m): p for p in paths if (m := layout.TAINT_RECORD.match(p))}
+    event_paths = [p for p in paths if layout.EVENT_RECORD.match(p)]
+    rollback_paths = [p for p in paths if layout.ROLLBACK_RECORD.match(p)]
     wanted = [*checkpoint_paths.values(), *taint_paths.values(), *event_paths, *rollback_paths]
     body = dict(zip(wanted, read_json_objects(repo, commit, wanted), strict=True))
 
@@ -193,7 +174,7 @@ def read_lineage(repo: DataRepo, run: str | None = None, select: StepSelector | 
     ]
     events = []
     for path in event_paths:
-        match = _EVENT.match(path)
+        match = layout.EVENT_RECORD.match(path)
         assert match is not None
         events.append({"run": match["run"], "kind": match["kind"], "step": int(match["step"]), **body[path]})
     rollbacks = sorted((body[p] for p in rollback_paths), key=lambda r: r.get("created", 0.0))
@@ -306,7 +287,7 @@ def _stage_chain(repo: DataRepo, commit_id: str) -> tuple[StageCommit, ...]:
     """An unpublished commit of a curate run: its stage commits, found by walking first parents."""
     found = []
     commit = repo.get_commit(commit_id)
-    while commit.metadata.get("stage") in CURATE_STAGES:
+    while commit.metadata.get("stage") in layout.STAGES:
         found.append(_stage_commit(repo, commit.metadata["stage"], commit.id))
         if not commit.parents:
             break
@@ -320,13 +301,13 @@ def _sources(repo: DataRepo, stages: tuple[StageCommit, ...]) -> tuple[dict[str,
     if ingest is None:
         return ()
     try:
-        report = json.loads(repo.get(ingest.commit, "reports/ingest.json"))
+        report = json.loads(repo.get(ingest.commit, layout.report_path("ingest")))
     except NotFound:
         return ()
     configured = (report.get("extra") or {}).get("sources")
     if configured:
         return tuple(configured)
-    counts = {"documents_in", "kept", "rejected", "partitions", "raw_parts"}
+    counts = {"documents_in", "kept", "rejected", "partitions", "parts", "raw_parts"}  # raw_parts: reports before 0.2
     return tuple(
         {"name": name, **{k: v for k, v in stats.items() if k not in counts}}
         for name, stats in sorted((report.get("per_source") or {}).items())
@@ -384,27 +365,6 @@ def checkpoints_on(repo: DataRepo, ref: str, index: LineageIndex | None = None) 
     return (index or read_lineage(repo)).trained_on(commit_id)
 
 
-# ---- what a training step read -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SamplePosition:
-    position: int  # global sample position (world-size independent)
-    source: str
-    epoch: int  # that source's epoch
-    source_sequence: int  # sequence index within the source
-    shard: str  # repository path of the shard holding it
-    sequence: int  # row within that shard
-
-
-@dataclass(frozen=True)
-class _SampleSpace:
-    """What :func:`training.data.batch_positions` needs of a dataset: the plan and training sequences."""
-
-    plan: MixPlan
-    train_sequences: np.ndarray
-
-
 def training_config(checkpoint: CheckpointRecord) -> dict[str, Any]:
     """The run's TrainConfig as a dict: from the record, the checkpoint's meta.json or the run's config.json."""
     if "config" in checkpoint.record:
@@ -419,51 +379,3 @@ def training_config(checkpoint: CheckpointRecord) -> dict[str, Any]:
         f"{directory / META} nor {directory.parent.parent / 'config.json'} exists on this machine; "
         "ask on the machine that trained it"
     )
-
-
-def _sample_order(config: dict[str, Any]) -> dict[str, Any]:
-    """What fixes the sample order, from a full TrainConfig (records before ``sample_order``)."""
-    heldout = (config.get("data") or {}).get("heldout_fraction", 0.01)
-    return {"global_batch": config["global_batch"], "heldout_fraction": heldout}
-
-
-def step_positions(repo: DataRepo, checkpoint: CheckpointRecord, step: int) -> list[SamplePosition]:
-    """The global sample positions training step ``step`` of ``checkpoint``'s run read, each with
-    its source, shard and sequence; replayed from the newest earlier checkpoint's loader state."""
-    if not 1 <= step <= checkpoint.step:
-        raise LineageError(
-            f"step {step} is not one that {checkpoint.name} trained: give a step from 1 to {checkpoint.step}"
-        )
-    def around(steps: list[int]) -> list[int]:  # the newest checkpoint before the step, the first at or after
-        return [max((s for s in steps if s < step), default=-1), min((s for s in steps if s >= step), default=-1)]
-
-    run = read_lineage(repo, checkpoint.run, select=around).of_run(checkpoint.run)
-    start = max((c for c in run if c.step < step), key=lambda c: c.step, default=None)
-    covering = min((c for c in run if c.step >= step), key=lambda c: c.step, default=checkpoint)
-    order = checkpoint.record.get("sample_order") or _sample_order(training_config(checkpoint))
-    global_batch = int(order["global_batch"])
-    plan = MixPlan.from_json(repo.get(covering.data_commit, MIX_PATH))
-    manifest = Manifest.from_json(repo.get(covering.data_commit, MANIFEST_PATH))
-    space = _SampleSpace(plan, train_sequence_counts(plan, float(order["heldout_fraction"])))
-    # Skipped windows only grow, and each lies past the checkpoint it was added at, so the
-    # covering checkpoint's list is the one that held for every step up to it.
-    skipped = [tuple(w) for w in covering.record.get("loader", {}).get("skipped", [])]
-    cursor = int(start.record["loader"]["cursor"]) if start else 0
-    for _ in range((start.step if start else 0) + 1, step):
-        _, cursor = batch_positions(space, cursor, global_batch, skipped)
-    positions, _ = batch_positions(space, cursor, global_batch, skipped)
-    return locate_positions(plan, manifest, positions)
-
-
-def locate_positions(plan: MixPlan, manifest: Manifest, positions: np.ndarray) -> list[SamplePosition]:
-    source, epoch, index = plan.locate(positions)
-    shard_tables = []
-    for name in plan.source_names:
-        entries = manifest.shards_of(name)
-        shard_tables.append((entries, np.cumsum([0] + [e.sequences for e in entries])))
-    found = []
-    for p, s, e, k in zip(positions.tolist(), source.tolist(), epoch.tolist(), index.tolist(), strict=True):
-        entries, starts = shard_tables[s]
-        shard = int(np.searchsorted(starts, k, side="right")) - 1
-        found.append(SamplePosition(p, plan.source_names[s], e, k, entries[shard].name, k - int(starts[shard])))
-    return found

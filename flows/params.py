@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from formats.mix import MixSpec
 from tasks.dedup.config import DedupConfig
@@ -74,10 +74,16 @@ class RetryConfig(BaseModel):
 class CurateParams(BaseModel):
     """Everything one curate run needs: sources to publish, stage configs, gates, repository."""
 
-    model_config = ConfigDict(extra="forbid")
+    # populate_by_name: the field's own name works too where a validation alias is set
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     ingest: IngestConfig = Field(default_factory=IngestConfig, description="the sources and ingest limits")
-    filters: ValidateConfig = Field(default_factory=ValidateConfig, description="quality filters (validate)")
+    validation: ValidateConfig = Field(
+        default_factory=ValidateConfig,
+        # 'filters' is this field's name before 0.2: old TOML files and saved parameters still load
+        validation_alias=AliasChoices("validation", "filters"),
+        description="the validate stage: quality rules, language id, classifier, gate",
+    )
     dedup: DedupConfig = Field(default_factory=DedupConfig, description="exact and near-duplicate removal")
     shards: ShardConfig = Field(default_factory=ShardConfig, description="tokenizer and packing")
     mix: MixSpec = Field(default_factory=MixSpec, description="the mixture plan")
@@ -107,7 +113,8 @@ class CurateParams(BaseModel):
 def check_ready(params: CurateParams, repo_spec: str) -> None:
     """What can fail before any work, failing fast with one sentence: the sources, the mix's
     source names, the repository."""
-    from tasks.ingest import ConfigError, check_source
+    from tasks.ingest import check_source
+    from tasks.stage import ConfigError
     from versioning import open_repo
 
     if not params.ingest.sources:

@@ -12,11 +12,11 @@ from typing import Any
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.chain import repository_spec
 from flows.curate import curate
 from flows.params import CurateParams
 from flows.train import TrainParams, TrainSummary, train_flow
 from flows.wap import PublishedVersion
+from versioning import default_repo_spec
 
 
 class PipelineParams(BaseModel):
@@ -45,7 +45,7 @@ def pipeline(params: PipelineParams = PipelineParams()) -> PipelineResult:
     """Curate, then train on the exact commit the curate run published."""
     version = curate(params.curate)
     train = params.train.model_copy(
-        update={"dataset": version.commit_id, "repo": repository_spec(params.curate.repository.spec)}
+        update={"dataset": version.commit_id, "repo": params.curate.repository.spec or default_repo_spec()}
     )
     training = train_flow(train)
     print(f"trained {training.run} to step {training.step} on {version.tag} ({version.commit_id})")

@@ -45,21 +45,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import get_run_context
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.chain import IO_RETRIES, repository_spec
 from flows.lineage import CheckpointRecord, read_lineage
-from flows.rollback_core import (
-    RestoredMain,
-    ResumePlan,
-    RollbackPlan,
-    find_tainted,
-    fork_checkpoint,
-    mark_tainted,
-    plan_resumes,
-    plan_rollback,
-    restore_main,
-)
+from flows.restore import RestoredMain, RollbackPlan, plan_rollback, restore_main
+from flows.taint import ResumePlan, find_tainted, fork_checkpoint, mark_tainted, plan_resumes
 from flows.train import TrainParams, train_flow
-from versioning import open_repo
+from tasks.stage_task import IO_RETRIES
+from versioning import default_repo_spec, open_repo
 
 
 class RollbackParams(BaseModel):
@@ -109,7 +100,7 @@ class RollbackReport:
 def rollback(params: RollbackParams) -> RollbackReport:
     """Restore main to an earlier dataset version, taint the checkpoints trained on what left it, resume."""
     flow_run_id = str(get_run_context().flow_run.id)
-    repo_spec = repository_spec(params.repository)
+    repo_spec = params.repository or default_repo_spec()
     plan = plan_task(repo_spec, params.to, params.hard)
     restored = restore_task(repo_spec, plan, flow_run_id)
     tainted = taint_task(repo_spec, plan, restored, flow_run_id)

@@ -5,6 +5,10 @@
                               resumes from the newest valid checkpoint)
     artifacts                 progress, metrics table, loss/throughput plot, checkpoints
 
+One node runs ``torchrun --standalone``; with ``nnodes`` > 1 this flow's node hosts the c10d
+rendezvous and the other nodes follow it (``training.launch``); the run directory must then
+be shared storage (docs/training.md, "More than one node").
+
 The trainer (``training/``) never imports Prefect: this flow only launches it as a
 subprocess, streams its output into the Prefect log and reads the files it leaves in the
 run directory.
@@ -16,7 +20,6 @@ import base64
 import os
 import re
 import subprocess
-import sys
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -31,8 +34,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel, ConfigDict, Field
 
+from formats.layout import MAIN
 from training.checkpoint import list_checkpoints
 from training.config import ModelConfig, PresetName, ResumePolicy, TrainConfig
+from training.launch import LaunchConfig, torchrun_command, write_launch_file
 from training.metrics import read_metrics, summarize, summary_table
 from versioning import open_repo
 
@@ -45,11 +50,36 @@ class TrainParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dataset: str = Field(default="main", description="dataset ref: a tag, branch or commit id")
+    dataset: str = Field(default=MAIN, description="dataset ref: a tag, branch or commit id")
     run: str | None = Field(default=None, description="run name; default <preset>-<commit prefix>")
     preset: PresetName = Field(default="tiny", description="model size")
     steps: int = Field(default=200, ge=1, description="optimizer steps to reach")
-    nproc: int = Field(default=1, ge=1, description="training processes (torchrun --nproc-per-node)")
+    nproc: int | None = Field(
+        default=None,
+        ge=1,
+        description="training processes per node (torchrun --nproc-per-node); "
+        "default $TOKENLAKE_NPROC_PER_NODE or 1",
+    )
+    nnodes: int | None = Field(
+        default=None,
+        ge=1,
+        description="nodes (torchrun --nnodes); past 1 the c10d rendezvous replaces "
+        "--standalone; default $TOKENLAKE_NNODES or 1",
+    )
+    rdzv_endpoint: str | None = Field(
+        default=None,
+        description="host:port of the rendezvous store, on this node (the flow's node hosts it); "
+        "default $TOKENLAKE_RDZV_ENDPOINT",
+    )
+    rdzv_id: str | None = Field(
+        default=None, description="the job's rendezvous id; default $TOKENLAKE_RDZV_ID, else the flow run id"
+    )
+    max_restarts: int = Field(
+        default=0,
+        ge=0,
+        description="torchrun --max-restarts: restarts of every node's workers after a "
+        "failure, inside one attempt (each resumes)",
+    )
     resume: ResumePolicy = Field(
         default="auto",
         description="auto: continue from the newest valid checkpoint; never: refuse an existing run; "
@@ -61,6 +91,26 @@ class TrainParams(BaseModel):
         default_factory=dict,
         description='more TrainConfig fields, e.g. {"global_batch": 32, "checkpoint": {"every": 100}}',
     )
+
+    def launch_config(self, flow_run_id: str) -> LaunchConfig:
+        """The torchrun job: these parameters, else the ``TOKENLAKE_*`` variables a cluster job template
+        sets (``deploy/kubernetes``), else one standalone node. A parameter that contradicts the
+        variable the pod was started with is a misconfiguration: the pods would not match the job."""
+        fields: dict[str, Any] = {"max_restarts": self.max_restarts}
+        for field, variable in _LAUNCH_ENV.items():
+            given, from_env = getattr(self, field), os.environ.get(variable)
+            if given is not None and from_env and str(given) != from_env:
+                raise ValueError(
+                    f"{field}={given} contradicts ${variable}={from_env} set by this node's job template; "
+                    f"drop the parameter or change the template"
+                )
+            value = given if given is not None else from_env
+            if value is not None:
+                fields[_LAUNCH_FIELD.get(field, field)] = value
+        if int(fields.get("nnodes", 1)) > 1 or "rdzv_endpoint" in fields:
+            fields.setdefault("rdzv_id", flow_run_id)
+            fields["rdzv_is_host"] = True  # the flow's node hosts the store; the others follow it
+        return LaunchConfig.model_validate(fields)
 
     def train_config(self, commit: str, flow_run_id: str) -> TrainConfig:
         model = {**ModelConfig.preset(self.preset).model_dump(), **self.overrides.get("model", {})}
@@ -76,6 +126,15 @@ class TrainParams(BaseModel):
             "progress": False,  # plain "step N/M" lines: they read well in the Prefect log
         }
         return TrainConfig.model_validate(fields)
+
+
+_LAUNCH_ENV = {
+    "nproc": "TOKENLAKE_NPROC_PER_NODE",
+    "nnodes": "TOKENLAKE_NNODES",
+    "rdzv_endpoint": "TOKENLAKE_RDZV_ENDPOINT",
+    "rdzv_id": "TOKENLAKE_RDZV_ID",
+}
+_LAUNCH_FIELD = {"nproc": "nproc_per_node"}
 
 
 class TrainSummary(BaseModel):
@@ -99,8 +158,9 @@ class TrainingFailed(RuntimeError):
 
 
 @task(name="torchrun", cache_policy=NO_CACHE)
-def run_torchrun(config: TrainConfig, nproc: int) -> int:
-    """Launch the trainer under torchrun and stream its output; a retry of this task resumes."""
+def run_torchrun(config: TrainConfig, launch: LaunchConfig) -> int:
+    """Launch the trainer under torchrun (this node's part of the job) and stream its output; a
+    retry of this task resumes. Past one node, the launch file tells the other nodes to follow."""
     logger = get_run_logger()
     attempt = task_run.run_count
     if attempt > 1 and config.resume == "never":  # "never" refuses earlier runs, not this run's own retry
@@ -109,13 +169,12 @@ def run_torchrun(config: TrainConfig, nproc: int) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "launch-config.json"
     config_path.write_text(config.model_dump_json(indent=2))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        "-m", "training", "--config", str(config_path),
-    ]  # fmt: skip
+    if not launch.standalone:
+        write_launch_file(config.home_dir(), launch, config_path)
+    command = torchrun_command(launch, config_path)
     logger.info("attempt %d: %s", attempt, " ".join(command))
     progress = create_progress_artifact(0.0, key=_key("train-progress", config.run), description=config.run)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **launch.environment(), "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
     ) as proc:
@@ -193,7 +252,8 @@ def _key(prefix: str, run: str) -> str:
 
 @flow(name="train", log_prints=True)
 def train_flow(params: TrainParams) -> TrainSummary:
+    launch = params.launch_config(flow_run_id=str(flow_run.id or "local"))  # a misconfiguration fails first
     commit = resolve_dataset(params.repo, params.dataset)
     config = params.train_config(commit, flow_run_id=str(flow_run.id or ""))
-    run_torchrun.with_options(retries=params.retries, retry_delay_seconds=1)(config, params.nproc)
+    run_torchrun.with_options(retries=params.retries, retry_delay_seconds=1)(config, launch)
     return publish_artifacts(config)

@@ -25,12 +25,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
-from tasks.io import tokenlake_version
+from flows import publish_guard
+from formats import layout
+from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX
+from tasks.stage import tokenlake_version
 from versioning import Commit, Conflict, DataRepo, NoChanges, NotFound
 
-MAIN = "main"
-RUN_BRANCH_PREFIX = "curate-"
-PUBLISH_LOCK_BRANCH = "lock-publish"
 TAG_PREFIX = "ds-"
 PUBLISH_STAGE = "publish"
 
@@ -57,8 +57,13 @@ def open_run_branch(repo: DataRepo, branch: str) -> str:
     A retried flow run (same id) may find its branch left by a killed attempt: it starts
     over from main's head, without the killed attempt's uncommitted writes (a hard reset
     keeps them, as in lakeFS; no one else writes to a run's branch); the killed attempt's
-    finished stages come back from the cache.
+    finished stages come back from the cache. A repository that holds no dataset version yet
+    first gets the publish guard on main (:mod:`flows.publish_guard`), so that lakeFS and the
+    local repository refuse ungated merges from the start; an older repository gets it from
+    ``tokenlake repo install-hooks``.
     """
+    if not any(tag.startswith(TAG_PREFIX) for tag in repo.list_tags()):
+        publish_guard.install(repo, MAIN)
     try:
         return repo.create_branch(branch, MAIN)
     except Conflict:
@@ -190,7 +195,12 @@ def publish(
     flow_run_id: str,
     gates_hash: str,
 ) -> PublishedVersion:
-    """Merge ``run_head`` into main and tag it; idempotent, so a retried task never publishes twice."""
+    """Merge ``run_head`` into main and tag it; idempotent, so a retried task never publishes twice.
+
+    Called once the flow's publish gates held (``flows.curate.check_gates``). The merge commit
+    records that (``gate``), and each stage commit's own gate (``gates``), for the commit it merges
+    (``input_commit``): what the publish guard's pre-merge hook requires.
+    """
     with publish_lock(repo, flow_run_id):
         done = _merged_by(repo, run_head)
         if done:
@@ -216,6 +226,8 @@ def publish(
             "tokenlake_version": tokenlake_version(),
             "tag": tag,
             "chain": json.dumps([asdict(link) for link in chain]),
+            "gate": "passed",
+            "gates": json.dumps(stage_gates(repo, chain), sort_keys=True),
         }
         try:
             merged = repo.merge(run_head, MAIN, f"publish {tag}", metadata)
@@ -235,6 +247,16 @@ def _describe(repo: DataRepo, commit_id: str) -> str:
     if meta.get("rollback"):
         return f"flow run {meta.get('flow_run_id', 'unknown')} rolled it back ({meta['rollback']}, commit {commit_id[:12]})"
     return f"commit {commit_id[:12]} ({commit.message})"
+
+
+def stage_gates(repo: DataRepo, chain: list[ChainLink]) -> dict[str, str]:
+    """Each gated stage's verdict, as its commit records it (``gate``: passed, failed or disabled)."""
+    gates = {}
+    for link in chain:
+        verdict = repo.get_commit(link.commit).metadata.get("gate")
+        if verdict is not None:
+            gates[link.stage] = verdict
+    return gates
 
 
 def _already_on_main(repo: DataRepo, main_head: str) -> PublishedVersion:
@@ -280,7 +302,7 @@ def list_versions(repo: DataRepo) -> list[DatasetVersion]:
 
 def _tokens_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
     try:
-        manifest = json.loads(repo.get(ref, "shards/manifest.json"))
+        manifest = json.loads(repo.get(ref, layout.MANIFEST))
     except NotFound:
         return {}
     return {source: int(stats.get("tokens", 0)) for source, stats in sorted(manifest.get("sources", {}).items())}
@@ -289,7 +311,7 @@ def _tokens_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
 def _documents_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
     """Documents that reached the shards: the dedup stage's kept count per source."""
     try:
-        report = json.loads(repo.get(ref, "reports/dedup.json"))
+        report = json.loads(repo.get(ref, layout.report_path("dedup")))
     except NotFound:
         return {}
     return {source: int(stats.get("kept", 0)) for source, stats in sorted(report.get("per_source", {}).items())}

@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import struct
 import tempfile
 from collections.abc import Iterable
@@ -41,6 +42,8 @@ from typing import BinaryIO, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
+
+from formats import layout
 
 MAGIC = b"TLSHARD1"
 FORMAT_VERSION = 1
@@ -240,6 +243,8 @@ def read_shard_bytes(data: bytes) -> tuple[ShardHeader, np.ndarray]:
 
 # --- manifest -------------------------------------------------------------------------------
 
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
 
 class ShardEntry(BaseModel):
     """One shard in the manifest. ``tokens`` = stored tokens = sequences * (seq_len + 1);
@@ -249,11 +254,35 @@ class ShardEntry(BaseModel):
 
     name: str  # repository path, e.g. shards/web/shard-00000.bin
     source: str
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: str = Field(pattern=SHA256_HEX.pattern)
     sequences: int = Field(ge=0)
     tokens: int = Field(ge=0)
     bytes: int = Field(ge=HEADER_SIZE)
     documents: int = Field(default=0, ge=0)
+
+
+MANIFEST_INVARIANTS: dict[str, str] = {
+    "has_shards": "a dataset version without shards cannot be trained on",
+    "no_empty_shard": "no empty shard",
+    "balanced_sources": "shards of one source differ by at most one sequence, so no rank waits on a fat shard",
+    "unique_names": "every shard listed once",
+    "shard_paths": "shards live at shards/<source>/shard-NNNNN.bin",
+    "checksums": "every shard carries its sha256",
+    "tokens_per_sequence": "tokens = sequences * (seq_len + 1)",
+    "file_sizes": "file size = 64-byte header + tokens * dtype size",
+    "source_sequences": "per-source sequence totals add up",
+    "source_tokens": "per-source token totals add up",
+    "total_sequences": "total sequences add up",
+    "total_tokens": "total tokens add up",
+    "sources_have_shards": "the sources with shards are exactly the sources the manifest declares",
+    "dtype_fits_vocabulary": "the token dtype is the one the vocabulary size calls for",
+    "eod_in_vocabulary": "the end-of-document token is inside the vocabulary",
+}
+"""What a sound ``shards/manifest.json`` satisfies: the one list. :meth:`Manifest.broken` checks
+it in Python (``tokenlake shards verify``); ``expectations/shard_manifest.json``
+checks the same invariants as the shard stage's Great Expectations gate, each expectation naming
+its invariant in ``meta.invariant`` (``tests/tasks/test_manifest_invariants.py`` holds the two
+to each other)."""
 
 
 class SourceTotals(TypedDict):
@@ -268,8 +297,8 @@ class Manifest(BaseModel):
 
     Shards are listed by source (sorted), then by shard index; sequence index ``s`` of a
     source is the ``s``-th row of that source's shards in this order. ``sources`` and
-    ``totals`` are plain dicts. :meth:`faults` lists inconsistencies (the Great Expectations
-    suite of the shard stage checks the same and gates publishing).
+    ``totals`` are plain dicts. :meth:`faults` lists what breaks :data:`MANIFEST_INVARIANTS`
+    (the Great Expectations suite of the shard stage checks the same and gates publishing).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -307,38 +336,55 @@ class Manifest(BaseModel):
     def shards_of(self, source: str) -> list[ShardEntry]:
         return [e for e in self.shards if e.source == source]
 
-    def faults(self) -> list[str]:
-        """Every inconsistency between entries, per-source sums and totals (empty when sound)."""
-        found: list[str] = []
+    def broken(self) -> list[tuple[str, str]]:
+        """``(invariant, what is wrong)`` for every broken :data:`MANIFEST_INVARIANTS` entry."""
+        found: list[tuple[str, str]] = []
+        if not self.shards:
+            found.append(("has_shards", "the manifest lists no shard"))
         if self.numpy_dtype != dtype_for_vocab(self.vocab_size):
-            found.append(f"dtype {self.dtype} does not match vocab_size {self.vocab_size}")
+            found.append(("dtype_fits_vocabulary", f"dtype {self.dtype} does not match vocab_size {self.vocab_size}"))
         if self.eod_token >= self.vocab_size:
-            found.append(f"eod_token {self.eod_token} is outside the vocabulary ({self.vocab_size})")
+            found.append(("eod_in_vocabulary", f"eod_token {self.eod_token} is outside the vocabulary ({self.vocab_size})"))
         row_len = self.seq_len + 1
         for e in self.shards:
             if e.sequences == 0:
-                found.append(f"{e.name}: empty shard")
+                found.append(("no_empty_shard", f"{e.name}: empty shard"))
+            if not layout.SHARD_PATH.match(e.name):
+                found.append(("shard_paths", f"{e.name}: not a shards/<source>/shard-NNNNN.bin path"))
+            if not SHA256_HEX.match(e.sha256):
+                found.append(("checksums", f"{e.name}: sha256 {e.sha256!r} is not 64 hex digits"))
             if e.tokens != e.sequences * row_len:
-                found.append(f"{e.name}: tokens {e.tokens} != sequences {e.sequences} * {row_len}")
+                found.append(("tokens_per_sequence", f"{e.name}: tokens {e.tokens} != sequences {e.sequences} * {row_len}"))
             if e.bytes != HEADER_SIZE + e.tokens * self.numpy_dtype.itemsize:
-                found.append(f"{e.name}: bytes {e.bytes} do not match {e.tokens} {self.dtype} tokens")
+                found.append(("file_sizes", f"{e.name}: bytes {e.bytes} do not match {e.tokens} {self.dtype} tokens"))
         names = [e.name for e in self.shards]
         if len(set(names)) != len(names):
-            found.append("shard names are not unique")
+            found.append(("unique_names", "shard names are not unique"))
         rebuilt = Manifest.build(self.shards, **self._fields())
-        for source in sorted(set(rebuilt.sources) | set(self.sources)):
-            if self.sources.get(source) != rebuilt.sources.get(source):
-                found.append(
-                    f"source {source}: totals {self.sources.get(source)} != sum of its shards {rebuilt.sources.get(source)}"
-                )
+        if set(rebuilt.sources) != set(self.sources):
+            found.append(
+                ("sources_have_shards", f"sources with shards {sorted(rebuilt.sources)} != declared {sorted(self.sources)}")
+            )
+        for source, summed in sorted(rebuilt.sources.items()):
+            declared = self.sources.get(source, {"sequences": -1, "tokens": -1})
+            for unit in ("sequences", "tokens"):
+                if declared[unit] != summed[unit]:
+                    found.append(
+                        (f"source_{unit}", f"source {source}: {unit} {declared[unit]} != sum of its shards {summed[unit]}")
+                    )
             counts = [e.sequences for e in self.shards_of(source)]
-            if counts and max(counts) - min(counts) > 1:
+            if max(counts) - min(counts) > 1:
                 found.append(
-                    f"source {source}: shard sizes {min(counts)}..{max(counts)} differ by more than one sequence"
+                    ("balanced_sources", f"source {source}: shard sizes {min(counts)}..{max(counts)} differ by more than one sequence")
                 )
-        if self.totals != rebuilt.totals:
-            found.append(f"totals {self.totals} != sum of shards {rebuilt.totals}")
+        for unit in ("sequences", "tokens"):
+            if self.totals[unit] != rebuilt.totals[unit]:
+                found.append((f"total_{unit}", f"totals: {unit} {self.totals[unit]} != sum of shards {rebuilt.totals[unit]}"))
         return found
+
+    def faults(self) -> list[str]:
+        """Every inconsistency between entries, per-source sums and totals (empty when sound)."""
+        return [what for _, what in self.broken()]
 
     def _fields(self) -> dict[str, object]:
         return self.model_dump(exclude={"shards", "sources", "totals"})

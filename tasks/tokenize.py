@@ -30,7 +30,6 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-TOKENIZER_PATH = "tokenizer/tokenizer.json"
 BYTE_ALPHABET_SIZE = 256
 
 

@@ -119,10 +119,13 @@ class TrainConfig(_Frozen):
     run: str = Field(description="run name: checkpoints and metrics live in <home>/runs/<run>")
     commit: str = Field(description="data commit id (a ref is resolved once at start, the id is recorded)")
     repo: str | None = Field(
-        default=None, description="dataset repository spec; default as versioning.open_repo"
+        default=None,
+        description="dataset repository spec; default versioning.default_repo_spec() "
+        "($TOKENLAKE_REPO, else <data home>/repo), whatever home is",
     )
     home: str | None = Field(
-        default=None, description="runs and cache root; default $TOKENLAKE_HOME or ./.tokenlake"
+        default=None,
+        description="runs and cache root (not the repository's); default $TOKENLAKE_HOME or ./.tokenlake",
     )
     steps: int = Field(default=100, ge=1, description="optimizer steps to reach")
     global_batch: int = Field(default=8, ge=1, description="sequences per optimizer step, over all ranks")

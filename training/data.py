@@ -28,14 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from formats import layout
 from formats.mix import MixPlan
 from formats.shards import Manifest, ShardEntry, read_shard
 from training.errors import TrainingError
 from versioning import DataRepo, NotFound
-
-MANIFEST_PATH = "shards/manifest.json"
-MIX_PATH = "mix.json"
-TOKENIZER_PATH = "tokenizer/tokenizer.json"
 
 
 class DataError(TrainingError):
@@ -126,10 +123,10 @@ def _read_object(repo: DataRepo, commit: str, path: str, what: str) -> bytes:
 
 def read_binding(repo: DataRepo, repo_spec: str, commit: str) -> tuple[DataBinding, Manifest, MixPlan]:
     """Manifest, mix plan and the binding of ``commit`` (small files; read on every rank)."""
-    manifest_bytes = _read_object(repo, commit, MANIFEST_PATH, "shard manifest")
-    mix_bytes = _read_object(repo, commit, MIX_PATH, "mix plan (mix.json)")
+    manifest_bytes = _read_object(repo, commit, layout.MANIFEST, "shard manifest")
+    mix_bytes = _read_object(repo, commit, layout.MIX, "mix plan (mix.json)")
     try:
-        tokenizer_sha = hashlib.sha256(repo.get(commit, TOKENIZER_PATH)).hexdigest()
+        tokenizer_sha = hashlib.sha256(repo.get(commit, layout.TOKENIZER)).hexdigest()
     except NotFound:
         tokenizer_sha = ""
     manifest = Manifest.from_json(manifest_bytes)

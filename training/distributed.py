@@ -65,6 +65,11 @@ class DistContext:
         return out
 
 
+def elastic_restart_count() -> int:
+    """How many times torchrun's agents have restarted this job's workers (0 on the first start)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def init_distributed() -> DistContext:
     if "RANK" not in os.environ:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

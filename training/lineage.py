@@ -18,19 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from formats.layout import LINEAGE_BRANCH, MAIN
 from versioning import Conflict, DataRepo, DiskFull, NoChanges, RepoError
 from versioning.diskspace import disk_full_message, is_disk_full
 
-LINEAGE_BRANCH = "runs"
 _MAX_RETRY_SECONDS = 60.0
-
-
-def checkpoint_record_path(run: str, step: int) -> str:
-    return f"runs/{run}/checkpoints/step-{step:07d}.json"
-
-
-def event_record_path(run: str, kind: str, step: int) -> str:
-    return f"runs/{run}/events/{kind}-step-{step:07d}.json"
 
 
 class LineageWriter:
@@ -146,6 +138,6 @@ def _ensure_branch(repo: DataRepo) -> None:
     if LINEAGE_BRANCH in repo.list_branches():
         return
     try:
-        repo.create_branch(LINEAGE_BRANCH, "main")
+        repo.create_branch(LINEAGE_BRANCH, MAIN)
     except Conflict:  # created meanwhile by another run
         pass

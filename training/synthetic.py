@@ -13,6 +13,7 @@ import hashlib
 
 import numpy as np
 
+from formats import layout
 from formats.mix import MixSpec, resolve_mix
 from formats.shards import Manifest, ShardEntry, dtype_for_vocab, shard_bytes
 from versioning import DataRepo
@@ -47,13 +48,13 @@ def publish_synthetic_dataset(
     budget in samples (default: one pass over every source).
     """
     if branch not in repo.list_branches():
-        repo.create_branch(branch, "main")
+        repo.create_branch(branch, layout.MAIN)
     eod = vocab_size - 1
     entries = []
     for k, (name, count) in enumerate(sorted(sources.items())):
         rows = synthetic_sequences(count, seq_len, vocab_size, seed=seed * 1000 + k)
         for i, part in enumerate(np.array_split(rows, shards_per_source)):
-            path = f"shards/{name}/shard-{i:05d}.bin"
+            path = layout.shard_path(name, i)
             data = shard_bytes(part, eod)
             repo.put(branch, path, data)
             entries.append(
@@ -80,8 +81,8 @@ def publish_synthetic_dataset(
     budget = total_samples or total
     spec = MixSpec(weights=weights, max_epochs=max(4.0, 2.0 * budget / min(sources.values())), seed=seed)
     plan = resolve_mix(spec, manifest.sources, seq_len, total_tokens=budget * seq_len)
-    repo.put(branch, "shards/manifest.json", manifest.to_json().encode())
-    repo.put(branch, "mix.json", plan.to_json().encode())
+    repo.put(branch, layout.MANIFEST, manifest.to_json().encode())
+    repo.put(branch, layout.MIX, plan.to_json().encode())
     return repo.commit(
         branch, f"synthetic dataset: {total} sequences of {seq_len} tokens", {"stage": "synthetic"}
     ).id

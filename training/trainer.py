@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from formats.layout import checkpoint_record_path, event_record_path
 from training.checkpoint import (
+    META,
     CheckpointInfo,
     CheckpointManager,
     list_checkpoints,
@@ -37,10 +38,10 @@ from training.checkpoint import (
 )
 from training.config import TrainConfig
 from training.data import Loader, ShardCache, describe_samples, open_dataset
-from training.distributed import DistContext, close_distributed, init_distributed
+from training.distributed import DistContext, close_distributed, elastic_restart_count, init_distributed
 from training.errors import TrainingError
 from training.faults import FaultInjector
-from training.lineage import LineageWriter, checkpoint_record_path, event_record_path
+from training.lineage import LineageWriter
 from training.metrics import (
     MetricsLog,
     open_jsonl_for_append,
@@ -58,15 +59,21 @@ from training.runstate import (
     autocast_dtype,
     code_version,
     deterministic_kernels,
-    rng_state,
     seed_everything,
-    set_rng_state,
 )
 from training.stability import Rollback, SpikeDetector
-from versioning import open_repo
-
-_FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
-_PAYLOAD = ("model.pt", "optim.pt", "state.pt")
+from training.train_state import (
+    ModelState,
+    OptimizerState,
+    RNGState,
+    Slot,
+    States,
+    TrainProgress,
+    collect_states,
+    restore_states,
+    tensor_files,
+)
+from versioning import default_repo_spec, open_repo
 
 
 class DataChangeRefused(TrainingError):
@@ -91,26 +98,42 @@ class Trainer:
         self.checkpoint_dir = self.run_dir / "checkpoints"
         self.accumulation = config.accumulation_steps(dist.world_size)
         self.run_lock = self._lock_run()
+        self.repo_spec = config.repo or default_repo_spec()
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
+        # the order matters: the model's initialisation draws from the RNG seeded here
+        self._build_data()
+        self._build_model()
+        self._build_loader()
+        self._build_evaluation()
+        self._build_checkpointing()
+        self.metrics: MetricsLog | None = None
+        self.samples_log = (
+            open_jsonl_for_append(self.run_dir / f"samples-rank{dist.rank}-of-{dist.world_size}.jsonl")
+            if config.log_samples
+            else None
+        )
 
-        # data: bind to the commit, fill and verify the shard cache (one process per machine)
-        repo_spec = config.repo or os.environ.get("TOKENLAKE_REPO") or str(config.home_dir() / "repo")
-        repo = open_repo(repo_spec, create=False)
-        commit = dist.broadcast(repo.resolve(config.commit) if dist.is_main else None)
+    # ---- builders ------------------------------------------------------------------------
+
+    def _build_data(self) -> None:
+        """Bind to the data commit; fill and verify the shard cache (one process per machine)."""
+        repo = open_repo(self.repo_spec, create=False)
+        commit = self.dist.broadcast(repo.resolve(self.cfg.commit) if self.dist.is_main else None)
         self.binding, self.dataset = open_dataset(
             repo,
-            repo_spec,
+            self.repo_spec,
             commit,
-            ShardCache(config.cache_dir(), warn=self.say),
-            config.data.heldout_fraction,
-            fetch=dist.local_rank == 0,
-            barrier=dist.barrier,
+            ShardCache(self.cfg.cache_dir(), warn=self.say),
+            self.cfg.data.heldout_fraction,
+            fetch=self.dist.local_rank == 0,
+            barrier=self.dist.barrier,
         )
-        manifest = self.dataset.manifest
 
-        # model, optimizer and their companions
+    def _build_model(self) -> None:
+        """The model (parallelised), its optimizer, LR schedule, autocast and gradient scaler."""
+        config, manifest = self.cfg, self.dataset.manifest
         seed_everything(config.seed)
         self.raw_model = GPT(config.model.gpt_config(manifest.vocab_size, manifest.seq_len)).to(self.device)
         self.ddp: DistributedDataParallel | None = None
@@ -125,23 +148,30 @@ class Trainer:
         self.schedule = WarmupCosine(config.optim, config.steps)
         self.dtype = autocast_dtype(config.dtype, self.device)
         self.autocast = (
-            torch.autocast(self.device.type, dtype=self.dtype)
-            if self.dtype != torch.float32
-            else nullcontext()
+            torch.autocast(self.device.type, dtype=self.dtype) if self.dtype != torch.float32 else nullcontext()
         )
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+        self.flops_per_token = self.raw_model.flops_per_token(manifest.seq_len)
+        self.peak = peak_flops(self.device, config.peak_flops)
+
+    def _build_loader(self) -> None:
+        """This rank's batches, and the spike detector that judges each step."""
+        config = self.cfg
         self.loader = Loader(
             self.dataset,
             config.global_batch,
             config.micro_batch,
-            dist.rank,
-            dist.world_size,
+            self.dist.rank,
+            self.dist.world_size,
             config.data.prefetch_batches,
             pin_memory=self.device.type == "cuda",
         )
         stability = config.stability
         self.detector = SpikeDetector(stability.window, stability.zscore, stability.min_history)
-        # whole global batches of held-out sequences, so every world size evaluates the same ones
+
+    def _build_evaluation(self) -> None:
+        """Whole global batches of held-out sequences, so every world size evaluates the same ones."""
+        config = self.cfg
         self.eval_ids = self.dataset.heldout_ids(
             config.data.eval_sequences // config.global_batch * config.global_batch
         )
@@ -149,18 +179,27 @@ class Trainer:
             self.say("evaluation is off: fewer held-out sequences than one global batch")
             self.eval_ids = (self.eval_ids[0][:0], self.eval_ids[1][:0])
 
-        # run state
-        self.step = 0
-        self.tokens = 0
-        self.rollbacks: list[dict] = []
-        self.data_changes: list[dict] = []
+    def _build_checkpointing(self) -> None:
+        """What a checkpoint holds (``states``), where it goes, and what is recorded about it."""
+        config, dist = self.cfg, self.dist
+        self.progress = TrainProgress()
         self.last_metrics: dict[str, Any] = {}
         self.code_version = code_version()
-        self.flops_per_token = self.raw_model.flops_per_token(manifest.seq_len)
-        self.peak = peak_flops(self.device, config.peak_flops)
+        # Every piece of state a checkpoint holds, and where: saving and loading both walk this
+        # (training/train_state.py). Loading goes in this order: progress before the RNG.
+        self.states: States = {
+            "progress": (self.progress, Slot(META)),  # step, tokens, rollbacks, data changes
+            "loader": (self.loader, Slot(META, "loader")),  # sample cursor, skipped windows
+            "model": (ModelState(self.raw_model), Slot("model.pt")),
+            "optimizer": (OptimizerState(self.raw_model, self.optimizer), Slot("optim.pt")),
+            "schedule": (self.schedule, Slot("state.pt", "schedule")),
+            "scaler": (self.scaler, Slot("state.pt", "scaler")),
+            "detector": (self.detector, Slot("state.pt", "detector")),
+            "rng": (RNGState(dist, self.device, config.seed, self.progress), Slot("state.pt", "rng")),
+        }
         self.lineage = (
             LineageWriter(
-                lambda: open_repo(repo_spec, create=False),
+                lambda: open_repo(self.repo_spec, create=False),
                 config.run,
                 self.run_dir / "lineage-queue",
                 warn=self.say,
@@ -177,12 +216,6 @@ class Trainer:
         )
         self.faults = FaultInjector(
             config.faults, self.run_dir, dist.gather(os.getpid()), dist.is_main, settle=self.checkpoints.wait
-        )
-        self.metrics: MetricsLog | None = None
-        self.samples_log = (
-            open_jsonl_for_append(self.run_dir / f"samples-rank{dist.rank}-of-{dist.world_size}.jsonl")
-            if config.log_samples
-            else None
         )
 
     # ---- setup helpers -------------------------------------------------------------------
@@ -230,27 +263,11 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------
 
-    def _state_for_checkpoint(self) -> tuple[dict, dict]:
-        model_state, optim_state = get_state_dict(self.raw_model, self.optimizer, options=_FULL_STATE)
-        rng = self.dist.gather(rng_state(self.device))
-        tensors = {
-            "model.pt": model_state,
-            "optim.pt": optim_state,
-            "state.pt": {
-                "schedule": self.schedule.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "detector": self.detector.state_dict(),
-                "rng": rng,
-            },
-        }
-        meta = {
-            "step": self.step,
-            "tokens": self.tokens,
+    def _description(self) -> dict[str, Any]:
+        """What ``meta.json`` says about a checkpoint besides its state (never loaded back)."""
+        return {
             "run": self.cfg.run,
             "world_size": self.dist.world_size,
-            "loader": self.loader.state_dict(),
-            "rollbacks": self.rollbacks,
-            "data_changes": self.data_changes,
             "data": self.binding.to_dict(),
             "config": self.cfg.model_dump(mode="json"),
             "code_version": self.code_version,
@@ -258,18 +275,17 @@ class Trainer:
             "metrics": self.last_metrics,
             "saved_at": time.time(),
         }
-        return tensors, meta
 
     def save_checkpoint(self) -> float:
         """Checkpoint the current step; returns rank 0's stall in seconds."""
-        tensors, meta = self._state_for_checkpoint()
+        tensors, state_meta = collect_states(self.states)  # on every rank: some pieces are collectives
         if not self.dist.is_main:
             return 0.0
-        step = self.step
+        step = self.progress.step
         return self.checkpoints.save(
             step,
             tensors,
-            meta,
+            state_meta | self._description(),
             before_complete=lambda: self.faults.kill_point("save", step),
             copied=self.device.type == "cuda",  # offloading from the GPU made fresh CPU copies
         )
@@ -294,31 +310,13 @@ class Trainer:
         return self.dist.broadcast(found)
 
     def _load(self, info: CheckpointInfo) -> None:
-        payload = load_payload(info, _PAYLOAD)
-        set_state_dict(
-            self.raw_model,
-            self.optimizer,
-            model_state_dict=payload["model.pt"],
-            optim_state_dict=payload["optim.pt"],
-            options=StateDictOptions(full_state_dict=True),
-        )
-        state = payload["state.pt"]
-        self.schedule.load_state_dict(state["schedule"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.detector.load_state_dict(state["detector"])
-        meta = info.meta
-        self.step, self.tokens = meta["step"], meta["tokens"]
-        self.rollbacks, self.data_changes = list(meta["rollbacks"]), list(meta["data_changes"])
-        self.loader.load_state_dict(meta["loader"])
-        if len(state["rng"]) == self.dist.world_size:
-            set_rng_state(state["rng"][self.dist.rank], self.device)
-        else:  # another world size: per-rank streams cannot carry over; derive them from the step
-            seed_everything(self.cfg.seed + 1_000_003 * self.step + self.dist.rank)
+        restore_states(self.states, load_payload(info, tensor_files(self.states)) | {META: info.meta})
 
     def resume(self) -> None:
         """Apply the resume policy: start fresh (writing step 0) or continue from the newest valid checkpoint."""
         info = self._find_checkpoint()
-        if info is not None and self.cfg.resume == "never":
+        # "never" refuses an earlier run's checkpoints, not those of this job before torchrun restarted it
+        if info is not None and self.cfg.resume == "never" and not elastic_restart_count():
             raise TrainingError(
                 f"run {self.cfg.run!r} already has checkpoints in {self.checkpoint_dir}; use another run "
                 "name, or resume it (--resume auto)"
@@ -336,7 +334,7 @@ class Trainer:
                 "or start a new run"
             )
         self._load(info)
-        self.say(f"resumed from {info.path.name} (step {self.step}, {self.tokens} tokens)")
+        self.say(f"resumed from {info.path.name} (step {self.progress.step}, {self.progress.tokens} tokens)")
         if self.lineage:
             # A kill between a checkpoint's COMPLETE and the queueing of its lineage record
             # loses the record, and the newest checkpoint is the one that can be affected: queue
@@ -344,38 +342,38 @@ class Trainer:
             self._record_checkpoint(info)
         if changed:
             event = {
-                "step": self.step,
+                "step": self.progress.step,
                 "from": info.meta["data"],
                 "to": self.binding.to_dict(),
                 "allowed_by": "resume=allow-data-change",
             }
-            self.data_changes.append(event)
+            self.progress.data_changes.append(event)
             self.say(f"continuing on other data, as allowed: {'; '.join(changed)}")
             if self.lineage:
                 self.lineage.record(
-                    event_record_path(self.cfg.run, "data-change", self.step), {**event, "run": self.cfg.run}
+                    event_record_path(self.cfg.run, "data-change", self.progress.step), {**event, "run": self.cfg.run}
                 )
 
     # ---- the loop ------------------------------------------------------------------------
 
     def _rollback(self, batch, reason: str, loss: float) -> None:
-        if len(self.rollbacks) >= self.cfg.stability.max_rollbacks:
+        if len(self.progress.rollbacks) >= self.cfg.stability.max_rollbacks:
             raise TrainingError(
-                f"step {self.step + 1} is bad ({reason}) after {len(self.rollbacks)} rollbacks, the most "
+                f"step {self.progress.step + 1} is bad ({reason}) after {len(self.progress.rollbacks)} rollbacks, the most "
                 "allowed (stability.max_rollbacks): the run diverges; lower the learning rate or check the data"
             )
         if self.dist.is_main:
             self.checkpoints.wait()
         self.dist.barrier()
-        info = self._find_checkpoint(max_step=self.step)
+        info = self._find_checkpoint(max_step=self.progress.step)
         if info is None:
             raise TrainingError(
-                f"step {self.step + 1} is bad ({reason}) and no valid checkpoint is left to roll back to"
+                f"step {self.progress.step + 1} is bad ({reason}) and no valid checkpoint is left to roll back to"
             )
-        event = Rollback(self.step + 1, info.step, batch.start, batch.end, reason, loss).to_dict()
-        rollbacks, skipped = [*self.rollbacks, event], self.loader.skipped
+        event = Rollback(self.progress.step + 1, info.step, batch.start, batch.end, reason, loss).to_dict()
+        rollbacks, skipped = [*self.progress.rollbacks, event], self.loader.skipped
         self._load(info)
-        self.rollbacks = rollbacks
+        self.progress.rollbacks = rollbacks
         for start, end in [*skipped, (batch.start, batch.end)]:
             self.loader.skip(start, end)
         # Re-save the step we went back to, now carrying the skip: a crash before the next
@@ -423,7 +421,7 @@ class Trainer:
                 loss = loss / self.accumulation
             self.scaler.scale(loss).backward()
             loss_sum += loss.detach().float()
-        self.faults.kill_point("step", self.step + 1)
+        self.faults.kill_point("step", self.progress.step + 1)
         loss_value = float(self.dist.mean(loss_sum))
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.optim.grad_clip or math.inf
@@ -438,12 +436,12 @@ class Trainer:
         self.resume()
         if self.dist.is_main:
             self.metrics = MetricsLog(
-                self.run_dir / "metrics.jsonl", self.cfg.steps, self.step, self.cfg.progress
+                self.run_dir / "metrics.jsonl", self.cfg.steps, self.progress.step, self.cfg.progress
             )
             self.metrics.write(
                 {
                     "kind": "resume",
-                    "step": self.step,
+                    "step": self.progress.step,
                     "world_size": self.dist.world_size,
                     "data_commit": self.binding.commit,
                     "time": time.time(),
@@ -452,7 +450,7 @@ class Trainer:
         global_tokens = self.cfg.global_batch * self.dataset.seq_len
         steps_in_process = 0
         last_end, last_cpu = time.perf_counter(), time.process_time()
-        while self.step < self.cfg.steps:
+        while self.progress.step < self.cfg.steps:
             batch = self.loader.next_batch()
             data_wait = self.loader.wait_seconds
             loss, grad_norm = self._train_step(batch)
@@ -462,44 +460,44 @@ class Trainer:
                 self._rollback(batch, verdict.reason, loss)
                 last_end, last_cpu = time.perf_counter(), time.process_time()
                 continue
-            lr = self.schedule.lr(self.step)
+            lr = self.schedule.lr(self.progress.step)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
-            self.step += 1
-            self.tokens += global_tokens
+            self.progress.step += 1
+            self.progress.tokens += global_tokens
             self.detector.accept(loss)
             steps_in_process += 1
             if self.samples_log:
                 self.samples_log.write(
-                    json.dumps({"step": self.step, **describe_samples(self.dataset, batch)}) + "\n"
+                    json.dumps({"step": self.progress.step, **describe_samples(self.dataset, batch)}) + "\n"
                 )
                 self.samples_log.flush()
 
             record: dict[str, Any] = {
                 "kind": "train",
-                "step": self.step,
+                "step": self.progress.step,
                 "loss": loss,
                 "lr": lr,
                 "grad_norm": grad_norm,
-                "tokens": self.tokens,
+                "tokens": self.progress.tokens,
                 "steps_in_process": steps_in_process,
             }
             if (
                 self.cfg.eval_every
                 and len(self.eval_ids[0])
-                and (self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps)
+                and (self.progress.step % self.cfg.eval_every == 0 or self.progress.step == self.cfg.steps)
             ):
                 eval_loss = self._evaluate()
                 self.last_metrics["eval_loss"] = eval_loss
                 if self.metrics:
                     self.metrics.write(
-                        {"kind": "eval", "step": self.step, "eval_loss": eval_loss, "time": time.time()}
+                        {"kind": "eval", "step": self.progress.step, "eval_loss": eval_loss, "time": time.time()}
                     )
-            if self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.steps:
-                self.last_metrics.update(loss=loss, step=self.step)
+            if self.progress.step % self.cfg.checkpoint.every == 0 or self.progress.step == self.cfg.steps:
+                self.last_metrics.update(loss=loss, step=self.progress.step)
                 record["ckpt_stall_ms"] = 1000 * self.save_checkpoint()
             now = time.perf_counter()
             step_seconds, last_end = now - last_end, now
@@ -554,7 +552,7 @@ class Trainer:
         self.close()
         if not self.dist.is_main:
             self.dist.barrier()
-            return TrainResult(self.run_dir, self.step, self.tokens, {}, None)
+            return TrainResult(self.run_dir, self.progress.step, self.progress.tokens, {}, None)
         records = read_metrics(self.run_dir / "metrics.jsonl")
         summary = summarize(records)
         if self.cfg.report:
@@ -565,7 +563,7 @@ class Trainer:
         self.dist.barrier()
         saved = list_checkpoints(self.checkpoint_dir)
         return TrainResult(
-            self.run_dir, self.step, self.tokens, summary, str(saved[-1].path) if saved else None
+            self.run_dir, self.progress.step, self.progress.tokens, summary, str(saved[-1].path) if saved else None
         )
 
 

@@ -11,6 +11,7 @@ from versioning.port import (
     Commit,
     Conflict,
     DataRepo,
+    HookFailed,
     InvalidPath,
     MergeConflict,
     NoChanges,
@@ -30,6 +31,7 @@ __all__ = [
     "Conflict",
     "DataRepo",
     "DiskFull",
+    "HookFailed",
     "InvalidPath",
     "MergeConflict",
     "NoChanges",
@@ -38,6 +40,7 @@ __all__ = [
     "RepoError",
     "TransientError",
     "data_home",
+    "default_repo_spec",
     "open_repo",
     "validate_branch",
     "validate_key",
@@ -51,13 +54,22 @@ def data_home() -> Path:
     return Path(os.environ.get("TOKENLAKE_HOME") or Path.cwd() / ".tokenlake").resolve()
 
 
+def default_repo_spec() -> str:
+    """The repository used when none is named: ``$TOKENLAKE_REPO``, else ``<data home>/repo``.
+
+    The one place that decides it: the CLI, the flows and the trainer all ask here, so a run
+    never resolves a dataset in one repository and trains from another.
+    """
+    return os.environ.get("TOKENLAKE_REPO") or str(data_home() / "repo")
+
+
 def open_repo(spec: str | None = None, *, create: bool = True) -> DataRepo:
     """Open the dataset repository named by ``spec``.
 
     ``spec`` is ``lakefs://<repository>`` (configured the lakectl way) or a local
-    directory; default ``$TOKENLAKE_REPO``, else ``<data home>/repo``.
+    directory; default :func:`default_repo_spec`.
     """
-    spec = spec or os.environ.get("TOKENLAKE_REPO") or str(data_home() / "repo")
+    spec = spec or default_repo_spec()
     if spec.startswith("lakefs://"):
         from versioning.lakefs import LakeFSRepo
 

@@ -67,6 +67,11 @@ class NoChanges(RepoError):
     """A commit or merge would change nothing."""
 
 
+class HookFailed(RepoError):
+    """A pre-merge hook (lakeFS Actions, ``_lakefs_actions/`` of the source) refused the merge; the
+    message is the hook's. lakeFS answers HTTP 412; the local repository runs the same hooks."""
+
+
 class TransientError(RepoError):
     """A retryable failure: connection error, 5xx, 429."""
 

@@ -76,10 +76,10 @@ def curate_and_report(params: Any, as_json: bool) -> Any:
 def run_with_progress(params: Any, flow: Any, as_json: bool) -> tuple[Any, list[dict[str, Any]]]:
     """``flow(params)`` (curate, or a flow that curates first) under a progress bar over the
     curate stages; returns its result and one row per stage."""
-    from flows.chain import repository_spec
     from flows.params import check_ready
+    from versioning import default_repo_spec
 
-    check_ready(params, repository_spec(params.repository.spec))  # a misconfiguration: one sentence, no run
+    check_ready(params, params.repository.spec or default_repo_spec())  # a misconfiguration: one sentence, no run
 
     events: list[Any] = []
     with console_progress(events, enabled=not as_json):

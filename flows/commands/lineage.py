@@ -70,7 +70,8 @@ def run_lineage(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_lineage(repo: Any, args: argparse.Namespace) -> int:
-    from flows.lineage import checkpoint_lineage, step_positions
+    from flows.lineage import checkpoint_lineage
+    from flows.step_samples import step_positions
 
     found = checkpoint_lineage(repo, args.ref)
     positions = step_positions(repo, found.checkpoint, args.step) if args.step is not None else None
@@ -145,13 +146,12 @@ def _data_header(data: Any) -> str:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    from flows.chain import repository_spec
+    from flows.restore import plan_rollback
     from flows.rollback import RollbackParams, rollback
-    from flows.rollback_core import plan_rollback
-    from versioning import open_repo
+    from versioning import default_repo_spec, open_repo
 
     params = RollbackParams(to=args.to, hard=args.hard, resume=args.resume, resume_steps=args.resume_steps,
-                            repository=repository_spec(args.repo))  # fmt: skip
+                            repository=args.repo or default_repo_spec())  # fmt: skip
     plan_rollback(open_repo(params.repository, create=False), params.to, params.hard)  # refuses before Prefect starts
     report = rollback(params)
     if args.json:

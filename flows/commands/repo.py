@@ -1,4 +1,4 @@
-"""``tokenlake repo ...``: read-only inspection of the dataset repository.
+"""``tokenlake repo ...``: inspect the dataset repository, and install the publish guard.
 
     tokenlake repo log [REF] [--limit N]     commits reachable from REF, newest first
     tokenlake repo branches                  branch -> head commit
@@ -6,10 +6,11 @@
     tokenlake repo ls REF [PREFIX]           objects at REF (a branch shows staged changes)
     tokenlake repo show REF:PATH             the object's bytes on stdout
     tokenlake repo diff A B [--prefix P]     what changes A into B
+    tokenlake repo install-hooks             upload and commit the pre-merge action guarding main
 
 Every command takes ``--json`` (for ``show``: the object's metadata instead of its bytes).
 The repository is the top-level ``--repo`` (a directory or ``lakefs://<repository>``);
-these commands never create one.
+these commands never create one, and only ``install-hooks`` writes (a commit on main).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 
+from formats.layout import MAIN as DEFAULT_REF
 from versioning import Commit, DataRepo
 
-DEFAULT_REF = "main"
 SHORT_ID = 12
 
 
@@ -56,6 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     diff.add_argument("right", metavar="B")
     diff.add_argument("--prefix", default="", help="only paths starting with this prefix")
     diff.set_defaults(handler=run_diff)
+
+    hooks = commands.add_parser(
+        "install-hooks",
+        help="upload and commit the lakeFS pre-merge action that refuses ungated merges into main",
+    )
+    hooks.set_defaults(handler=run_install_hooks)
 
     for command in commands.choices.values():
         command.add_argument("--json", action="store_true", help="print JSON")
@@ -126,6 +133,22 @@ def run_diff(args: argparse.Namespace) -> int:
         print(format_table(("change", "path"), [(c.kind, c.path) for c in changes]))
     counts = {kind: sum(c.kind == kind for c in changes) for kind in ("added", "removed", "changed")}
     print(", ".join(f"{n} {kind}" for kind, n in counts.items()) + f" from {args.left} to {args.right}")
+    return 0
+
+
+def run_install_hooks(args: argparse.Namespace) -> int:
+    from flows import publish_guard
+
+    repo = _open(args)
+    commit = publish_guard.install(repo)
+    paths = sorted(publish_guard.guard_files())
+    if args.json:
+        _print_json({"commit": commit, "branch": publish_guard.GUARDED_BRANCH, "paths": paths})
+    elif commit is None:
+        print(f"{publish_guard.GUARDED_BRANCH} already holds the publish guard: {', '.join(paths)}")
+    else:
+        print(f"installed the publish guard on {publish_guard.GUARDED_BRANCH} at commit {commit}: {', '.join(paths)}")
+        print("merges into main now pass only when every stage gate is recorded as passed (tokenlake curate)")
     return 0
 
 

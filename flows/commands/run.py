@@ -64,14 +64,14 @@ def demo_params(repo: str | None, code_mb: float = 6.0, prose_mb: float = 4.0) -
 def run_demo(args: argparse.Namespace) -> int:
     import os
 
-    from flows.chain import repository_spec
     from flows.curate import curate
     from flows.pipeline import PipelineParams, pipeline
     from flows.train import TrainParams
     from training.metrics import summary_table
+    from versioning import default_repo_spec
 
     params = demo_params(args.repo, args.code_mb, args.prose_mb)
-    spec = repository_spec(params.repository.spec)
+    spec = params.repository.spec or default_repo_spec()
     if args.steps <= 0:
         version, rows = run_with_progress(params, curate, args.json)
         print_version(version, rows, args.json)

@@ -1,6 +1,7 @@
 """``tokenlake train``: train a GPT on a dataset commit through the train flow (torchrun inside).
 
     tokenlake train --dataset v3 --steps 2000 --preset small --nproc 2
+    tokenlake train --dataset v3 --nnodes 2 --nproc 8 --rdzv-endpoint node0:29400   # on node 0
     tokenlake train --dataset main --run demo --resume allow-data-change
     tokenlake train --dataset main --set global_batch=32 --set checkpoint.every=100
 
@@ -14,6 +15,7 @@ import argparse
 import json
 from typing import Any
 
+from formats.layout import MAIN
 from training.config import MODEL_PRESETS
 
 
@@ -22,13 +24,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train", help="train a GPT on a dataset commit (Prefect flow running torchrun)"
     )
     parser.add_argument(
-        "--dataset", default="main", metavar="REF", help="tag, branch or commit id (default: main)"
+        "--dataset", default=MAIN, metavar="REF", help=f"tag, branch or commit id (default: {MAIN})"
     )
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps to reach (default: 200)")
     parser.add_argument(
         "--preset", choices=list(MODEL_PRESETS), default="tiny", help="model size (default: tiny)"
     )
-    parser.add_argument("--nproc", type=int, default=1, help="training processes (default: 1)")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="training processes per node (default: $TOKENLAKE_NPROC_PER_NODE or 1)",
+    )
+    parser.add_argument(
+        "--nnodes", type=int, default=None,
+        help="nodes; past 1 this node hosts the c10d rendezvous and the others run "
+        "`python -m training.launch follow` (default: $TOKENLAKE_NNODES or 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rdzv-endpoint", default=None, metavar="HOST:PORT", help="this node's rendezvous address"
+    )
+    parser.add_argument("--rdzv-id", default=None, help="the job's rendezvous id (default: the flow run id)")
+    parser.add_argument(
+        "--max-restarts", type=int, default=0, help="torchrun restarts of every node's workers (default: 0)"
+    )
     parser.add_argument("--run", default=None, help="run name (default: <preset>-<commit prefix>)")
     parser.add_argument(
         "--resume", choices=["auto", "never", "allow-data-change"], default="auto",
@@ -67,7 +86,8 @@ def run_train(args: argparse.Namespace) -> int:
     from training.metrics import summary_table
 
     params = TrainParams(
-        dataset=args.dataset, steps=args.steps, preset=args.preset, nproc=args.nproc, run=args.run,
+        dataset=args.dataset, steps=args.steps, preset=args.preset, nproc=args.nproc, nnodes=args.nnodes,
+        rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, run=args.run,
         resume=args.resume, retries=args.retries, repo=args.repo, overrides=parse_overrides(args.overrides),
     )  # fmt: skip
     summary = train_flow(params)

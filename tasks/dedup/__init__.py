@@ -3,7 +3,7 @@ and an incremental index of published documents. See docs/dedup_mix.md."""
 
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.plan import EXACT, NEAR, DedupPlan, PublishedIndex, apply_plan, deduplicate, plan_dedup
-from tasks.dedup.stage import run_dedup_stage
+from tasks.dedup.stage import run_dedup
 
 __all__ = [
     "EXACT",
@@ -14,5 +14,5 @@ __all__ = [
     "apply_plan",
     "deduplicate",
     "plan_dedup",
-    "run_dedup_stage",
+    "run_dedup",
 ]

@@ -27,16 +27,15 @@ import json
 import numpy as np
 import pyarrow as pa
 
+from formats import layout
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.plan import PublishedIndex, keys_from_arrow
-from tasks.io import PartWriter, put_json, read_parts
+from tasks.parts import PartWriter, put_json, read_parts
 from versioning import DataRepo
-
-INDEX_PREFIX = "index/minhash"
 
 
 def index_folder(config: DedupConfig) -> str:
-    return f"{INDEX_PREFIX}/{config.signature_key()}"
+    return f"{layout.MINHASH_INDEX}/{config.signature_key()}"
 
 
 def run_folders(repo: DataRepo, ref: str, config: DedupConfig) -> list[str]:

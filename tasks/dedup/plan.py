@@ -39,7 +39,7 @@ from tasks.dedup.minhash import (
     signatures,
 )
 from tasks.dedup.shingles import content_keys, shingle_hashes
-from tasks.io import with_quarantine_reason
+from tasks.schema import with_quarantine_reason
 
 STAGE = "dedup"
 EXACT = "exact_duplicate"

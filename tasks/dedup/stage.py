@@ -1,5 +1,5 @@
 """The dedup stage over the repository: ``filtered/`` at the input commit -> ``dedup/``,
-``quarantine/dedup/``, a new run of ``index/minhash/`` and ``reports/dedup.json``, one commit.
+``quarantine/dedup/``, a new run of ``index/minhash/`` and ``reports/dedup.json``.
 
 Deduplication is global: a document of one source can duplicate a document of another, and
 new documents are compared with every published one (see :mod:`tasks.dedup.index`). The
@@ -8,74 +8,42 @@ input is read twice, part by part in the same order: once to plan, once to write
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import numpy as np
 
+from formats import layout
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.index import load_published, next_run_folder, write_index_run
 from tasks.dedup.plan import STAGE, apply_plan, plan_dedup
-from tasks.io import (
-    PartWriter,
-    StageReport,
-    StageResult,
-    clear_prefix,
-    commit_stage,
-    config_hash,
-    list_parts,
-    list_sources,
-    read_part,
-)
+from tasks.parts import list_parts, list_sources, read_part
+from tasks.stage import StageReport, StageWriter
 from versioning import DataRepo
 
-INPUT_PREFIX = "filtered"
-OUTPUT_PREFIX = "dedup"
+INPUT_PREFIX = layout.FILTERED
 
 
-def run_dedup_stage(
-    repo: DataRepo, branch: str, config: DedupConfig, input_commit: str, flow_run_id: str | None = None
-) -> StageResult:
-    started = time.perf_counter()
+def run_dedup(repo: DataRepo, branch: str, input_commit: str, config: DedupConfig) -> StageReport:
     sources = list_sources(repo, input_commit, INPUT_PREFIX)
     if not sources:
         raise ValueError(
             f"no documents under {INPUT_PREFIX}/ at commit {input_commit}; run the validate stage first"
         )
-    parts = [(s, path) for s in sources for path in list_parts(repo, input_commit, f"{INPUT_PREFIX}/{s}")]
-    published = load_published(repo, input_commit, config)
     index_run = next_run_folder(repo, input_commit, config)
+    stage = StageWriter(repo, branch, STAGE, documents=layout.DEDUP, clear=[index_run])
+    parts = {s: list_parts(repo, input_commit, layout.source_folder(INPUT_PREFIX, s)) for s in sources}
+    published = load_published(repo, input_commit, config)
+    tables = (read_part(repo, input_commit, path) for paths in parts.values() for path in paths)
+    plan = plan_dedup(tables, config, published)
 
-    plan = plan_dedup((read_part(repo, input_commit, path) for _, path in parts), config, published)
-
-    for prefix in (OUTPUT_PREFIX, f"quarantine/{STAGE}", index_run):
-        clear_prefix(repo, branch, prefix)
-    report = StageReport(stage=STAGE)
-    start = 0
-    for source in sources:
-        counts: dict[str, Any] = {"documents_in": 0, "kept": 0, "rejected": {}}
-        with (
-            PartWriter(repo, branch, f"{OUTPUT_PREFIX}/{source}") as kept_writer,
-            PartWriter(repo, branch, f"quarantine/{STAGE}/{source}") as quarantine_writer,
-        ):
-            for _, path in (p for p in parts if p[0] == source):
+    start = 0  # the plan addresses rows in the order it read them
+    for source, paths in parts.items():
+        with stage.source(source) as out:
+            for path in paths:
                 table = read_part(repo, input_commit, path)
-                kept, quarantined = apply_plan(table, plan, start)
+                out.write(*apply_plan(table, plan, start))
                 start += table.num_rows
-                kept_writer.write(kept)
-                quarantine_writer.write(quarantined)
-                counts["documents_in"] += table.num_rows
-                counts["kept"] += kept.num_rows
-                for reason, n in _count(quarantined.column("reason").to_pylist()).items():
-                    counts["rejected"][reason] = counts["rejected"].get(reason, 0) + n
-        report.per_source[source] = counts
-        report.documents_in += counts["documents_in"]
-        report.kept += counts["kept"]
-        for reason, n in counts["rejected"].items():
-            report.reject(reason, n)
 
     index_parts = write_index_run(repo, branch, index_run, plan.index_entries, config, input_commit)
-    report.seconds = round(time.perf_counter() - started, 3)
+    report = stage.finish()
     text_megabytes = plan.stats["shingled_megabytes"]
     report.extra = plan.stats | {
         "mode": config.mode,
@@ -86,13 +54,9 @@ def run_dedup_stage(
         "weight_total": float(np.sum(plan.weight[~plan.removed])) if len(plan.weight) else 0.0,
         "shingled_megabytes_per_second": round(text_megabytes / max(report.seconds, 1e-9), 3),
     }
-    metadata = {"dedup_mode": config.mode, "index_run": index_run}
-    commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id, metadata)
-    return StageResult(stage=STAGE, commit_id=commit_id, report=report.to_dict())
-
-
-def _count(values: list[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for value in values:
-        counts[value] = counts.get(value, 0) + 1
-    return counts
+    report.note = (
+        f"{config.mode} mode, {plan.stats['contents_hashed']} contents hashed, "
+        f"{plan.stats['published_in_input']} reused from {plan.stats['published_documents']} published"
+    )
+    report.commit_metadata |= {"dedup_mode": config.mode, "index_run": index_run}
+    return report

@@ -11,12 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.gates import GateSettings
+
 SOURCE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 MiB = 1 << 20
-
-
-class ConfigError(ValueError):
-    """A misconfiguration found before any work; the message names what to fix."""
 
 
 class SourceConfig(BaseModel):
@@ -66,19 +64,6 @@ class SourceConfig(BaseModel):
                 f"source {self.name!r}: id_field applies to jsonl and parquet sources; remove it for format 'files'"
             )
         return self
-
-
-class GateSettings(BaseModel):
-    """What every stage's Great Expectations gate has: on or off, and how many documents it reads."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = True
-    max_rows: int = Field(
-        default=200_000,
-        ge=1,
-        description="Documents checked: all below this, else the bottom-k sample by id.",
-    )
 
 
 class IngestGateConfig(GateSettings):

@@ -17,7 +17,7 @@ from tasks.ingest.config import IngestConfig, SourceConfig
 from tasks.ingest.normalize import binary_text_mask, normalize_texts
 from tasks.ingest.partitions import Partition
 from tasks.ingest.readers import READERS, Record
-from tasks.io import DOCUMENT_SCHEMA, document_id, with_quarantine_reason
+from tasks.schema import DOCUMENT_SCHEMA, document_id, with_quarantine_reason
 
 STAGE = "ingest"
 BATCH_RECORDS = 512

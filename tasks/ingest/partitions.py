@@ -23,8 +23,9 @@ from pathlib import Path
 import orjson
 import pyarrow.parquet as pq
 
-from tasks.ingest.config import ConfigError, IngestConfig, SourceConfig
+from tasks.ingest.config import IngestConfig, SourceConfig
 from tasks.ingest.readers import iter_lines, open_jsonl
+from tasks.stage import ConfigError
 
 SCAN_CHUNK = 8 << 20
 PROBE_RECORDS = 100

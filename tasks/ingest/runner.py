@@ -13,9 +13,10 @@ from typing import TypeVar
 
 import pyarrow as pa
 
-from tasks.ingest.config import ConfigError, IngestConfig, SourceConfig
+from tasks.ingest.config import IngestConfig, SourceConfig
 from tasks.ingest.documents import ingest_partition
 from tasks.ingest.partitions import Partition
+from tasks.stage import ConfigError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

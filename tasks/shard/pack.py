@@ -1,4 +1,5 @@
-"""Pure packing logic: document weights to repeat counts, EOD insertion, rows, balanced shards.
+"""The shard stage's pure core: document weights to repeat counts, EOD insertion, rows, balanced
+shards, and :func:`pack_source`, one source's documents into rows.
 
 How soft-dedup weights reach training: by deterministic repetition. A document of weight
 ``w`` is emitted ``floor(w)`` times, plus once more when ``u < w - floor(w)``, where
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +23,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from formats.shards import ShardHeader, ShardWriter
-from tasks.tokenize import sample_key
+from tasks.parts import iter_batches
+from tasks.schema import with_quarantine_reason
+from tasks.shard.config import ShardConfig
+from tasks.stage import DocumentCounts
+from tasks.tokenize import Encoder, sample_key
 
+STAGE = "shard"
 INVALID_WEIGHT = -1
+SAMPLED_OUT = "sampled_out_by_weight"  # the one reason a document has no quarantine row: only counted
 
 
 def repeat_counts(table: pa.Table, seed: int, max_repeats: int) -> np.ndarray:
@@ -141,3 +149,117 @@ class RowSpill:
     def discard(self) -> None:
         self._file.close()
         self.path.unlink(missing_ok=True)
+
+
+# ---- one source ----------------------------------------------------------------------------
+
+
+@dataclass
+class SourceOutcome(DocumentCounts):
+    """What packing one source did; ``reason`` says why a source produced no shard."""
+
+    source: str = field(kw_only=True)
+    repeated_copies: int = 0
+    weights_clamped: int = 0
+    text_bytes: int = 0
+    stream_tokens: int = 0  # documents' tokens plus one EOD each, repeats included
+    sequences: int = 0
+    tail_tokens_dropped: int = 0
+    reason: str = ""
+
+
+def pack_source(
+    source: str,
+    read_tables: Callable[[int], Iterable[pa.Table]],
+    encoder: Encoder,
+    config: ShardConfig,
+    spill: RowSpill,
+    quarantine: Callable[[pa.Table], None],
+) -> SourceOutcome:
+    """Encode and pack one source's documents into ``spill``; pure over Arrow tables.
+
+    ``read_tables(pass_number)`` gives the source's tables; it is called once per pass
+    (more than once only when some weight asks for a repeat). Rows whose weight is invalid
+    or that encode to no tokens go, with their reason, to ``quarantine``; sampled-out
+    documents are only counted.
+    """
+    outcome = SourceOutcome(source=source)
+    packer = Packer(config.seq_len + 1, spill.dtype)
+    current = _Pass(1)
+    while True:
+        documents = _documents_of_pass(read_tables(current.number), current, config, outcome, quarantine)
+        for table, encoded in encoder.map(documents, _texts):
+            has_tokens = encoded.lengths > 0
+            emitted = int(has_tokens.sum())
+            if current.number == 1:
+                outcome.kept += emitted
+                outcome.text_bytes += int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
+                if emitted < table.num_rows:
+                    outcome.reject("no_tokens", table.num_rows - emitted)
+                    quarantine(_with_reason(table.filter(~has_tokens), "no_tokens"))
+            else:
+                outcome.repeated_copies += emitted
+            stream = with_eod(encoded.ids, encoded.lengths[has_tokens], encoder.eod_id, spill.dtype)
+            outcome.stream_tokens += stream.size
+            spill.append(packer.add(stream))
+        if not current.more_needed:
+            break
+        current = _Pass(current.number + 1)
+    outcome.sequences = spill.rows
+    outcome.tail_tokens_dropped = packer.remainder
+    outcome.reason = _why_empty(outcome, config.seq_len)
+    return outcome
+
+
+@dataclass
+class _Pass:
+    number: int
+    more_needed: bool = False  # some document repeats more than ``number`` times
+
+
+def _documents_of_pass(
+    tables: Iterable[pa.Table],
+    current: _Pass,
+    config: ShardConfig,
+    outcome: SourceOutcome,
+    quarantine: Callable[[pa.Table], None],
+) -> Iterator[pa.Table]:
+    """The documents emitted in this pass (repeat count >= pass number); counts rejects in pass 1."""
+    for table in iter_batches(tables, config.batch_documents):
+        counts = repeat_counts(table, config.weight_seed, config.max_repeats)
+        current.more_needed |= bool(np.any(counts > current.number))
+        if current.number == 1:
+            outcome.documents_in += table.num_rows
+            invalid = counts == INVALID_WEIGHT
+            outcome.reject("invalid_weight", int(invalid.sum()))
+            outcome.reject(SAMPLED_OUT, int((counts == 0).sum()))
+            outcome.weights_clamped += _count_clamped(table, config.max_repeats)
+            if invalid.any():
+                quarantine(_with_reason(table.filter(invalid), "invalid_weight"))
+        yield table.filter(counts >= current.number)
+
+
+def _texts(table: pa.Table) -> list[str]:
+    return pc.fill_null(table.column("text"), "").to_pylist()
+
+
+def _with_reason(table: pa.Table, reason: str) -> pa.Table:
+    return with_quarantine_reason(table, STAGE, [reason] * table.num_rows)
+
+
+def _count_clamped(table: pa.Table, max_repeats: int) -> int:
+    if "weight" not in table.column_names:
+        return 0
+    above = pc.greater(table.column("weight").cast(pa.float64()), float(max_repeats))
+    return int(pc.sum(pc.fill_null(above, False).cast(pa.int64())).as_py() or 0)
+
+
+def _why_empty(outcome: SourceOutcome, seq_len: int) -> str:
+    if outcome.sequences:
+        return ""
+    if outcome.documents_in == 0:
+        return "no documents"
+    if outcome.kept == 0:
+        reasons = ", ".join(f"{n} {r}" for r, n in sorted(outcome.rejected.items()))
+        return f"all {outcome.documents_in} documents were rejected or sampled out ({reasons})"
+    return f"only {outcome.stream_tokens} tokens, fewer than one sequence of {seq_len + 1}"

@@ -15,159 +15,47 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from formats.shards import Manifest, ShardEntry, dtype_for_vocab
-from tasks.io import (
-    PartWriter,
-    StageReport,
-    StageResult,
-    clear_prefix,
-    commit_stage,
-    config_hash,
-    iter_batches,
-    list_parts,
-    list_sources,
-    read_part,
-    with_quarantine_reason,
-)
+from formats import layout
+from formats.shards import HEADER_SIZE, Manifest, ShardEntry, dtype_for_vocab
+from tasks.gates import Coverage, GateCheck
+from tasks.parts import list_parts, list_sources, read_part
 from tasks.shard.config import ShardConfig
-from tasks.shard.gate import gate_manifest
-from tasks.shard.pack import INVALID_WEIGHT, Packer, RowSpill, repeat_counts, with_eod
-from tasks.tokenize import TOKENIZER_PATH, Encoder, TokenizerError, TrainingSample, train_tokenizer
+from tasks.shard.pack import SAMPLED_OUT, STAGE, RowSpill, SourceOutcome, pack_source
+from tasks.stage import StageReport, StageWriter
+from tasks.tokenize import Encoder, TokenizerError, TrainingSample, train_tokenizer
 from tasks.tokenize import tokenizer_sha256 as sha256_of_tokenizer
 from versioning import DataRepo, DiskFull, NotFound
 from versioning.diskspace import disk_full_message, is_disk_full
 
-STAGE = "shard"
-INPUT_PREFIX = "dedup"
+INPUT_PREFIX = layout.DEDUP
 REQUIRED_COLUMNS = ("id", "text")
 Progress = Callable[[float], None]  # fraction of the input parts done, 0..1
-
-
-@dataclass
-class SourceOutcome:
-    """What packing one source did; ``reason`` says why a source produced no shard."""
-
-    source: str
-    documents_in: int = 0
-    kept: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)
-    repeated_copies: int = 0
-    weights_clamped: int = 0
-    text_bytes: int = 0
-    stream_tokens: int = 0  # documents' tokens plus one EOD each, repeats included
-    sequences: int = 0
-    tail_tokens_dropped: int = 0
-    reason: str = ""
-
-    def reject(self, reason: str, count: int) -> None:
-        if count:
-            self.rejected[reason] = self.rejected.get(reason, 0) + count
-
-
-def pack_source(
-    source: str,
-    read_tables: Callable[[int], Iterable[pa.Table]],
-    encoder: Encoder,
-    config: ShardConfig,
-    spill: RowSpill,
-    quarantine: Callable[[pa.Table], None],
-) -> SourceOutcome:
-    """Encode and pack one source's documents into ``spill``; pure over Arrow tables.
-
-    ``read_tables(pass_number)`` gives the source's tables; it is called once per pass
-    (more than once only when some weight asks for a repeat). Rows whose weight is invalid
-    or that encode to no tokens go, with their reason, to ``quarantine``; sampled-out
-    documents are only counted.
-    """
-    outcome = SourceOutcome(source)
-    packer = Packer(config.seq_len + 1, spill.dtype)
-    current = _Pass(1)
-    while True:
-        documents = _documents_of_pass(read_tables(current.number), current, config, outcome, quarantine)
-        for table, encoded in encoder.map(documents, _texts):
-            has_tokens = encoded.lengths > 0
-            emitted = int(has_tokens.sum())
-            if current.number == 1:
-                outcome.kept += emitted
-                outcome.text_bytes += int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
-                if emitted < table.num_rows:
-                    outcome.reject("no_tokens", table.num_rows - emitted)
-                    quarantine(_with_reason(table.filter(~has_tokens), "no_tokens"))
-            else:
-                outcome.repeated_copies += emitted
-            stream = with_eod(encoded.ids, encoded.lengths[has_tokens], encoder.eod_id, spill.dtype)
-            outcome.stream_tokens += stream.size
-            spill.append(packer.add(stream))
-        if not current.more_needed:
-            break
-        current = _Pass(current.number + 1)
-    outcome.sequences = spill.rows
-    outcome.tail_tokens_dropped = packer.remainder
-    outcome.reason = _why_empty(outcome, config.seq_len)
-    return outcome
-
-
-@dataclass
-class _Pass:
-    number: int
-    more_needed: bool = False  # some document repeats more than ``number`` times
-
-
-def _documents_of_pass(
-    tables: Iterable[pa.Table],
-    current: _Pass,
-    config: ShardConfig,
-    outcome: SourceOutcome,
-    quarantine: Callable[[pa.Table], None],
-) -> Iterator[pa.Table]:
-    """The documents emitted in this pass (repeat count >= pass number); counts rejects in pass 1."""
-    for table in iter_batches(tables, config.batch_documents):
-        counts = repeat_counts(table, config.weight_seed, config.max_repeats)
-        current.more_needed |= bool(np.any(counts > current.number))
-        if current.number == 1:
-            outcome.documents_in += table.num_rows
-            invalid = counts == INVALID_WEIGHT
-            outcome.reject("invalid_weight", int(invalid.sum()))
-            outcome.reject("sampled_out_by_weight", int((counts == 0).sum()))
-            outcome.weights_clamped += _count_clamped(table, config.max_repeats)
-            if invalid.any():
-                quarantine(_with_reason(table.filter(invalid), "invalid_weight"))
-        yield table.filter(counts >= current.number)
-
-
-def _texts(table: pa.Table) -> list[str]:
-    return pc.fill_null(table.column("text"), "").to_pylist()
-
-
-def _with_reason(table: pa.Table, reason: str) -> pa.Table:
-    return with_quarantine_reason(table, STAGE, [reason] * table.num_rows)
-
-
-def _count_clamped(table: pa.Table, max_repeats: int) -> int:
-    if "weight" not in table.column_names:
-        return 0
-    above = pc.greater(table.column("weight").cast(pa.float64()), float(max_repeats))
-    return int(pc.sum(pc.fill_null(above, False).cast(pa.int64())).as_py() or 0)
-
-
-def _why_empty(outcome: SourceOutcome, seq_len: int) -> str:
-    if outcome.sequences:
-        return ""
-    if outcome.documents_in == 0:
-        return "no documents"
-    if outcome.kept == 0:
-        reasons = ", ".join(f"{n} {r}" for r, n in sorted(outcome.rejected.items()))
-        return f"all {outcome.documents_in} documents were rejected or sampled out ({reasons})"
-    return f"only {outcome.stream_tokens} tokens, fewer than one sequence of {seq_len + 1}"
+MANIFEST_ROWS = pa.schema(
+    [(column, pa.string()) for column in ("name", "source", "sha256", "dtype", "dtype_for_vocabulary")]
+    + [
+        (column, pa.int64())
+        for column in (
+            "sequences",
+            "tokens",
+            "bytes",
+            "sequences_times_row_length",
+            "header_plus_token_bytes",
+            "sequences_above_source_minimum",
+            "source_declared_sequences",
+            "source_summed_sequences",
+            "source_declared_tokens",
+            "source_summed_tokens",
+            "vocab_size",
+            "eod_token",
+        )
+    ]
+)
 
 
 def prepare_tokenizer(
@@ -178,10 +66,10 @@ def prepare_tokenizer(
         ref = config.reuse_tokenizer_from
         try:
             commit = repo.resolve(ref)
-            tokenizer_json = repo.get(commit, TOKENIZER_PATH).decode()
+            tokenizer_json = repo.get(commit, layout.TOKENIZER).decode()
         except NotFound as exc:
             raise TokenizerError(
-                f"reuse_tokenizer_from={ref!r}: no {TOKENIZER_PATH} there ({exc}); name a dataset ref that has one"
+                f"reuse_tokenizer_from={ref!r}: no {layout.TOKENIZER} there ({exc}); name a dataset ref that has one"
             ) from exc
         info: dict[str, Any] = {"origin": "reused", "reused_from": ref, "reused_commit": commit}
     else:
@@ -200,14 +88,14 @@ def prepare_tokenizer(
             "sample_documents": len(texts),
             "sample_bytes": sample.sample_bytes,
         }
-    repo.put(branch, TOKENIZER_PATH, tokenizer_json.encode())
+    repo.put(branch, layout.TOKENIZER, tokenizer_json.encode())
     return tokenizer_json, info | {"sha256": sha256_of_tokenizer(tokenizer_json)}
 
 
 def _read_source(
     repo: DataRepo, ref: str, source: str, on_part: Callable[[], None] | None = None
 ) -> Iterator[pa.Table]:
-    for path in list_parts(repo, ref, f"{INPUT_PREFIX}/{source}"):
+    for path in list_parts(repo, ref, layout.source_folder(INPUT_PREFIX, source)):
         table = read_part(repo, ref, path)
         missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
@@ -217,26 +105,18 @@ def _read_source(
             on_part()
 
 
-def run_shard_stage(
-    repo: DataRepo,
-    branch: str,
-    config: ShardConfig,
-    input_commit: str,
-    flow_run_id: str | None = None,
-    progress: Progress | None = None,
-) -> StageResult:
-    """The whole stage; raises ShardGateError (nothing committed) when the manifest fails its suite."""
-    started = time.perf_counter()
+def run_shard(
+    repo: DataRepo, branch: str, input_commit: str, config: ShardConfig, progress: Progress | None = None
+) -> StageReport:
+    """The whole stage; raises ExpectationsFailed (nothing committed) when the manifest fails its suite."""
     sources = list_sources(repo, input_commit, INPUT_PREFIX)
     if not sources:
         raise ValueError(
             f"no documents under {INPUT_PREFIX}/ at commit {input_commit}; run the dedup stage first"
         )
-    for prefix in ("shards", "tokenizer", f"quarantine/{STAGE}"):
-        clear_prefix(repo, branch, prefix)
-
+    stage = StageWriter(repo, branch, STAGE, clear=[layout.SHARDS, layout.TOKENIZER_FOLDER])
     tokenizer_json, tokenizer_info = prepare_tokenizer(repo, branch, input_commit, sources, config)
-    total_parts = sum(len(list_parts(repo, input_commit, f"{INPUT_PREFIX}/{s}")) for s in sources)
+    total_parts = sum(len(list_parts(repo, input_commit, layout.source_folder(INPUT_PREFIX, s))) for s in sources)
     parts_done = 0
 
     def part_done() -> None:
@@ -245,7 +125,6 @@ def run_shard_stage(
         if progress is not None:
             progress(min(parts_done / max(total_parts, 1), 1.0))
 
-    report = StageReport(stage=STAGE)
     entries: list[ShardEntry] = []
     with (
         Encoder(tokenizer_json, config.eod_token, config.workers) as encoder,
@@ -261,19 +140,26 @@ def run_shard_stage(
             source_started = time.perf_counter()
             spill = RowSpill(Path(work) / f"{source}.rows", config.seq_len + 1, dtype)
             try:
-                with PartWriter(repo, branch, f"quarantine/{STAGE}/{source}") as quarantine:
+                with stage.source(source) as out:
                     try:
-                        outcome = pack_source(source, read_tables, encoder, config, spill, quarantine.write)
+                        outcome = pack_source(source, read_tables, encoder, config, spill, out.quarantine)
                     except BaseException:
                         spill.discard()
                         raise
-                entries += _store_shards(repo, branch, source, spill, Path(work), encoder.eod_id, config)
+                    # kept documents become tokens, and sampled-out ones have no row to quarantine
+                    out.count(
+                        documents_in=outcome.documents_in,
+                        kept=outcome.kept,
+                        rejected={SAMPLED_OUT: outcome.rejected.get(SAMPLED_OUT, 0)},
+                    )
+                    stored = _store_shards(repo, branch, source, spill, Path(work), encoder.eod_id, config)
+                    out.facts |= _facts(outcome, stored, time.perf_counter() - source_started)
             except OSError as exc:  # the local spill and shard files (the repository says its own)
                 if not is_disk_full(exc):
                     raise
                 needed = spill.rows * spill.row_len * spill.dtype.itemsize  # the shards copy the spill
                 raise DiskFull(disk_full_message(f"the shards of source {source!r} to", work, needed)) from None
-            _account(report, outcome, entries, time.perf_counter() - source_started)
+            entries += stored
 
         manifest = Manifest.build(
             entries,
@@ -284,12 +170,12 @@ def run_shard_stage(
             tokenizer_sha256=tokenizer_info["sha256"],
             input_commit=input_commit,
         )
-    report.tokens = manifest.totals["tokens"]
-    report.expectations = gate_manifest(manifest)  # raises ShardGateError on failure
-    repo.put(branch, "shards/manifest.json", manifest.to_json().encode())
-    report.seconds = round(time.perf_counter() - started, 3)
+    stage.report.tokens = manifest.totals["tokens"]
+    stage.gate(input_commit, [manifest_check(manifest)], Coverage.everything(len(manifest.shards), "shards"))
+    repo.put(branch, layout.MANIFEST, manifest.to_json().encode())
+    report = stage.finish()
     text_bytes = sum(s["text_bytes"] for s in report.per_source.values())
-    report.extra = {
+    report.extra |= {
         "tokenizer": tokenizer_info | {"vocab_size": vocab_size},
         "manifest_sha256": manifest.sha256(),
         "seq_len": config.seq_len,
@@ -300,15 +186,61 @@ def run_shard_stage(
         "megabytes_per_second": round(text_bytes / 1e6 / max(report.seconds, 1e-9), 3),
         "sources_without_shards": {s: v["reason"] for s, v in report.per_source.items() if v["reason"]},
     }
-    metadata = {
+    report.note = (
+        f"{manifest.totals['sequences']} sequences in {len(manifest.shards)} shards, "
+        f"{report.extra['megabytes_per_second']:.1f} MB/s, tokenizer {tokenizer_info['sha256'][:12]}"
+    )
+    report.commit_metadata |= {
         "tokenizer_sha256": tokenizer_info["sha256"],
         "tokenizer_origin": tokenizer_info["origin"],
         "manifest_sha256": manifest.sha256(),
     }
-    commit_id = commit_stage(
-        repo, branch, report, config_hash(config), input_commit, flow_run_id, metadata=metadata
-    )
-    return StageResult(stage=STAGE, commit_id=commit_id, report=report.to_dict())
+    return report
+
+
+def manifest_check(manifest: Manifest) -> GateCheck:
+    """``expectations/shard_manifest.json`` over the manifest: one row per shard, with the
+    per-source and total sums the suite compares (declared in the manifest vs summed) and the
+    manifest's own fields; the suite checks :data:`formats.shards.MANIFEST_INVARIANTS`."""
+    row_len = manifest.seq_len + 1
+    itemsize = manifest.numpy_dtype.itemsize
+    summed: dict[str, dict[str, int]] = {}
+    minimum: dict[str, int] = {}
+    for e in manifest.shards:
+        sums = summed.setdefault(e.source, {"sequences": 0, "tokens": 0})
+        sums["sequences"] += e.sequences
+        sums["tokens"] += e.tokens
+        minimum[e.source] = min(minimum.get(e.source, e.sequences), e.sequences)
+    rows = []
+    for e in manifest.shards:
+        declared = manifest.sources.get(e.source, {"sequences": -1, "tokens": -1})
+        rows.append(
+            {
+                "name": e.name,
+                "source": e.source,
+                "sha256": e.sha256,
+                "sequences": e.sequences,
+                "tokens": e.tokens,
+                "bytes": e.bytes,
+                "sequences_times_row_length": e.sequences * row_len,
+                "header_plus_token_bytes": HEADER_SIZE + e.tokens * itemsize,
+                "sequences_above_source_minimum": e.sequences - minimum[e.source],
+                "source_declared_sequences": declared["sequences"],
+                "source_summed_sequences": summed[e.source]["sequences"],
+                "source_declared_tokens": declared["tokens"],
+                "source_summed_tokens": summed[e.source]["tokens"],
+                "dtype": manifest.dtype,
+                "dtype_for_vocabulary": dtype_for_vocab(manifest.vocab_size).name,
+                "vocab_size": manifest.vocab_size,
+                "eod_token": manifest.eod_token,
+            }
+        )
+    parameters = {
+        "declared_total_sequences": manifest.totals["sequences"],
+        "declared_total_tokens": manifest.totals["tokens"],
+        "declared_sources": sorted(manifest.sources),
+    }
+    return GateCheck("shard_manifest", pa.Table.from_pylist(rows, schema=MANIFEST_ROWS), parameters, ["name"])
 
 
 def _store_shards(
@@ -317,8 +249,8 @@ def _store_shards(
     out_dir = work / source
     out_dir.mkdir()
     entries = []
-    for shard in spill.write_shards(out_dir, eod, config.max_sequences_per_shard):
-        name = f"shards/{source}/{shard.path.name}"
+    for index, shard in enumerate(spill.write_shards(out_dir, eod, config.max_sequences_per_shard)):
+        name = layout.shard_path(source, index)
         repo.put(branch, name, str(shard.path))
         shard.path.unlink()
         entries.append(
@@ -335,22 +267,16 @@ def _store_shards(
     return entries
 
 
-def _account(report: StageReport, outcome: SourceOutcome, entries: list[ShardEntry], seconds: float) -> None:
-    report.documents_in += outcome.documents_in
-    report.kept += outcome.kept
-    for reason, count in outcome.rejected.items():
-        report.reject(reason, count)
-    report.per_source[outcome.source] = {
-        "documents_in": outcome.documents_in,
-        "kept": outcome.kept,
-        "rejected": dict(outcome.rejected),
+def _facts(outcome: SourceOutcome, stored: list[ShardEntry], seconds: float) -> dict[str, object]:
+    """A source's report entry besides its counts: what packing did and the shards it stored."""
+    return {
         "repeated_copies": outcome.repeated_copies,
         "weights_clamped": outcome.weights_clamped,
         "text_bytes": outcome.text_bytes,
         "stream_tokens": outcome.stream_tokens,
         "sequences": outcome.sequences,
-        "stored_tokens": sum(e.tokens for e in entries if e.source == outcome.source),
-        "shards": sum(1 for e in entries if e.source == outcome.source),
+        "stored_tokens": sum(e.tokens for e in stored),
+        "shards": len(stored),
         "tail_tokens_dropped": outcome.tail_tokens_dropped,
         "reason": outcome.reason,
         "seconds": round(seconds, 3),

@@ -12,11 +12,9 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from formats import layout
 from formats.shards import Manifest, ShardCheck, verify_shard
-from tasks.tokenize import TOKENIZER_PATH
 from versioning import DataRepo, NotFound
-
-MANIFEST_PATH = "shards/manifest.json"
 
 
 @dataclass
@@ -57,14 +55,14 @@ def verify_shards_at(
     """
     commit_id = repo.resolve(ref)
     result = ShardsVerification(ref, commit_id)
-    manifest_check = ShardCheck(MANIFEST_PATH)
+    manifest_check = ShardCheck(layout.MANIFEST)
     result.checks.append(manifest_check)
     try:
-        raw = repo.get(commit_id, MANIFEST_PATH)
+        raw = repo.get(commit_id, layout.MANIFEST)
         manifest_check.bytes = len(raw)
         manifest = Manifest.from_json(raw)
     except NotFound:
-        manifest_check.faults.append(f"no {MANIFEST_PATH} at {ref}: this version has no shards")
+        manifest_check.faults.append(f"no {layout.MANIFEST} at {ref}: this version has no shards")
         return result
     except ValueError as exc:
         manifest_check.faults.append(f"unreadable manifest: {str(exc).splitlines()[0]}")
@@ -90,16 +88,16 @@ def verify_shards_at(
         result.checks.append(check)
         if on_shard is not None:
             on_shard(done, len(manifest.shards))
-    for obj in repo.list(commit_id, "shards/"):
-        if obj.path != MANIFEST_PATH and obj.path not in listed:
+    for obj in repo.list(commit_id, f"{layout.SHARDS}/"):
+        if obj.path != layout.MANIFEST and obj.path not in listed:
             result.checks.append(ShardCheck(obj.path, bytes=obj.size, faults=["not listed in the manifest"]))
     return result
 
 
 def _check_tokenizer(repo: DataRepo, commit_id: str, manifest: Manifest) -> ShardCheck:
-    check = ShardCheck(TOKENIZER_PATH)
+    check = ShardCheck(layout.TOKENIZER)
     try:
-        data = repo.get(commit_id, TOKENIZER_PATH)
+        data = repo.get(commit_id, layout.TOKENIZER)
     except NotFound:
         check.faults.append("missing: the shards cannot be decoded without their tokenizer")
         return check

@@ -1,24 +1,19 @@
 """The validate stage: quality filters (``tasks.quality``), language id, the quality
 classifier and the Great Expectations gates.
 
-Pure parts: :func:`apply_filters` (Arrow in, kept/quarantined/stats out) and
-:func:`run_gate`; :func:`run_validate` reads, writes and commits; the Prefect task is
+Pure parts: :func:`apply_filters` (Arrow in, kept/quarantined/stats out), gated by the
+runner of :mod:`tasks.gates`; :func:`run_validate` reads, writes and commits; the Prefect task is
 ``tasks.validate.task.validate_task``.
 """
 
 from tasks.validate.config import ValidateConfig, ValidateGateConfig
 from tasks.validate.filters import SIGNAL_FIELDS, ClassifierRule, FilterStats, apply_filters
-from tasks.validate.gates import GateCheck, GateFailed, GateOutcome, run_gate
 
 __all__ = [
     "SIGNAL_FIELDS",
     "ClassifierRule",
     "FilterStats",
-    "GateCheck",
-    "GateFailed",
-    "GateOutcome",
     "ValidateConfig",
     "ValidateGateConfig",
     "apply_filters",
-    "run_gate",
 ]

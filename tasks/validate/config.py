@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.ingest.config import GateSettings
+from tasks.gates import GateSettings
 from tasks.quality.classifier import ClassifierConfig
 from tasks.quality.code import CODE_RULES, CodeRules
 from tasks.quality.langid import LangIdConfig

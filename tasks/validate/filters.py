@@ -11,12 +11,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.io import with_quarantine_reason
 from tasks.quality.classifier import QualityScorer, pareto_keep
 from tasks.quality.code import CODE_RULES, code_signals
 from tasks.quality.langid import identify
 from tasks.quality.prose import PROSE_RULES, prose_signals
 from tasks.quality.rules import first_failures
+from tasks.schema import with_quarantine_reason
 from tasks.validate.config import CLASSIFIER_RULE, LANGUAGE_RULE, ValidateConfig
 
 STAGE = "validate"
@@ -47,14 +47,6 @@ class FilterStats:
         self.removed.update(other.removed)
         self.failed.update(other.failed)
         self.rules = self.rules or other.rules
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "documents_in": self.documents_in,
-            "kept": self.kept,
-            "rejected": dict(self.removed),
-            "failed": {rule: self.failed.get(rule, 0) for rule in self.rules},
-        }
 
 
 @dataclass(frozen=True)

@@ -9,42 +9,25 @@ ingest stage's report (``reports/ingest.json`` at the input commit): facts fixed
 from __future__ import annotations
 
 import json
-import logging
 from collections import Counter
 from typing import Any
 
 import pyarrow as pa
 
-from tasks.ingest.config import ConfigError
-from tasks.io import (
-    DOCUMENT_SCHEMA,
-    PartWriter,
-    StageReport,
-    StageResult,
-    Stopwatch,
-    clear_prefix,
-    commit_stage,
-    config_hash,
-    iter_batches,
-    read_parts,
-)
+from formats import layout
+from tasks.gates import DocumentSample
+from tasks.parts import iter_batches, read_parts
 from tasks.quality.classifier import load_factory
 from tasks.quality.code import CODE_RULES
 from tasks.quality.langid import check_languages
 from tasks.quality.prose import PROSE_RULES
+from tasks.schema import DOCUMENT_SCHEMA
+from tasks.stage import ConfigError, StageReport, StageWriter
 from tasks.validate.config import ValidateConfig
 from tasks.validate.filters import SIGNAL_FIELDS, STAGE, ClassifierRule, FilterStats, apply_filters
-from tasks.validate.gates import (
-    DocumentSample,
-    GateCheck,
-    gate_stage,
-    stats_rows,
-    stats_table,
-)
 from versioning import DataRepo, NotFound
 
-log = logging.getLogger(__name__)
-MODEL_PATH = "reports/quality_classifier.npz"
+MODEL_PATH = layout.QUALITY_CLASSIFIER
 GATE_COLUMNS = ["id", "source", "text", "locator", "meta", *(f.name for f in SIGNAL_FIELDS)]
 GATE_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, *SIGNAL_FIELDS, pa.field("text_chars", pa.int64())])
 
@@ -56,10 +39,10 @@ class ValidateConfigError(ConfigError):
 def read_sources(repo: DataRepo, input_commit: str) -> dict[str, dict[str, Any]]:
     """Source name -> {kind, reference, kept} as the ingest stage recorded them."""
     try:
-        ingest = json.loads(repo.get(input_commit, "reports/ingest.json"))
+        ingest = json.loads(repo.get(input_commit, layout.report_path("ingest")))
     except NotFound:
         raise ValidateConfigError(
-            f"input commit {input_commit[:12]} has no reports/ingest.json; run the ingest stage first"
+            f"input commit {input_commit[:12]} has no {layout.report_path('ingest')}; run the ingest stage first"
         ) from None
     return {
         name: {"kind": s["kind"], "reference": s["reference"], "kept": s["kept"]}
@@ -89,7 +72,7 @@ def _bottom_k_texts(repo: DataRepo, ref: str, sources: list[str], k: int) -> pa.
     deterministic sample read one part at a time."""
     sample = None
     for source in sources:
-        for part in read_parts(repo, ref, f"raw/{source}", columns=["id", "text"]):
+        for part in read_parts(repo, ref, layout.source_folder(layout.RAW, source), columns=["id", "text"]):
             sample = part if sample is None else pa.concat_tables([sample, part])
             if sample.num_rows > 2 * k:
                 sample = sample.sort_by("id").slice(0, k)
@@ -126,11 +109,9 @@ def train_classifier(
     return scorer, facts
 
 
-def run_validate(
-    repo: DataRepo, branch: str, config: ValidateConfig, input_commit: str, flow_run_id: str | None = None
-) -> StageResult:
-    """Filter every ingested source onto ``branch`` and commit; ValidateConfigError before
-    any work, GateFailed (nothing committed) when the output breaks its expectations."""
+def run_validate(repo: DataRepo, branch: str, input_commit: str, config: ValidateConfig) -> StageReport:
+    """Filter every ingested source onto ``branch``; ValidateConfigError before any work,
+    ExpectationsFailed (nothing committed) when the output breaks its expectations."""
     sources = read_sources(repo, input_commit)
     check_config(config, sources)
     if config.classifier.enabled:
@@ -139,75 +120,40 @@ def run_validate(
         except ValueError as exc:
             raise ValidateConfigError(str(exc)) from None
 
-    with Stopwatch() as clock:
-        for prefix in ("filtered", f"quarantine/{STAGE}", f"reports/data_docs/{STAGE}"):
-            clear_prefix(repo, branch, prefix)
-        scorer, classifier_facts = train_classifier(repo, input_commit, config, sources)
-        if scorer is not None and (model := scorer.to_bytes()) is not None:
-            repo.put(branch, MODEL_PATH, model)
-        report = StageReport(stage=STAGE, extra={"classifier": classifier_facts})
-        sample = DocumentSample(config.gate.max_rows, GATE_COLUMNS)
-        stats_by_rule: list[dict[str, Any]] = []
-        for name, source in sources.items():
-            rule = None
-            if scorer is not None:
-                rule = ClassifierRule(
-                    scorer, apply_keep=config.classifier.filter_reference or not source["reference"]
-                )
-            totals, languages = FilterStats(), Counter()
-            with (
-                PartWriter(repo, branch, f"filtered/{name}", config.rows_per_part) as kept_writer,
-                PartWriter(
-                    repo, branch, f"quarantine/{STAGE}/{name}", config.rows_per_part
-                ) as quarantine_writer,
-            ):
-                for batch in iter_batches(read_parts(repo, input_commit, f"raw/{name}"), config.batch_rows):
-                    kept, quarantined, stats = apply_filters(batch, name, source["kind"], config, rule)
-                    kept_writer.write(kept)
-                    quarantine_writer.write(quarantined)
-                    sample.add(kept)
-                    totals.add(stats)
-                    languages.update(lang for lang in kept.column("lang").to_pylist() if lang is not None)
-            report.documents_in += totals.documents_in
-            report.kept += totals.kept
-            for reason, count in totals.removed.items():
-                report.reject(reason, count)
-            report.per_source[name] = {
+    sample = DocumentSample(config.gate.max_rows, GATE_COLUMNS)
+    stage = StageWriter(
+        repo, branch, STAGE, documents=layout.FILTERED, rows_per_part=config.rows_per_part, sample=sample
+    )
+    scorer, stage.report.extra["classifier"] = train_classifier(repo, input_commit, config, sources)
+    if scorer is not None and (model := scorer.to_bytes()) is not None:
+        repo.put(branch, MODEL_PATH, model)
+    failed: dict[str, dict[str, int]] = {}  # source -> rule -> documents failing it
+    for name, source in sources.items():
+        rule = None
+        if scorer is not None:
+            rule = ClassifierRule(scorer, apply_keep=config.classifier.filter_reference or not source["reference"])
+        totals, languages = FilterStats(), Counter()
+        with stage.source(name) as out:
+            raw = read_parts(repo, input_commit, layout.source_folder(layout.RAW, name))
+            for batch in iter_batches(raw, config.batch_rows):
+                kept, quarantined, stats = apply_filters(batch, name, source["kind"], config, rule)
+                out.write(kept, quarantined)
+                totals.add(stats)
+                languages.update(lang for lang in kept.column("lang").to_pylist() if lang is not None)
+            failed[name] = {rule_name: totals.failed.get(rule_name, 0) for rule_name in totals.rules}
+            out.facts |= {
                 "kind": source["kind"],
                 "reference": source["reference"],
-                **totals.to_dict(),
+                "failed": failed[name],
                 "kept_languages": dict(languages.most_common(10)),
             }
-            stats_by_rule += stats_rows(
-                name,
-                totals.documents_in,
-                totals.kept,
-                {rule_name: totals.failed.get(rule_name, 0) for rule_name in totals.rules},
-                config.gate.rate_range,
-            )
-            log.info(
-                "validate %s: %d in, %d kept, removed %s",
-                name,
-                totals.documents_in,
-                totals.kept,
-                dict(totals.removed),
-            )
 
-        outcome = None
-        if config.gate.enabled:
-            with_documents = [n for n, s in sources.items() if s["kept"]]
-            checks = [
-                GateCheck(
-                    "filtered_documents",
-                    sample.table(GATE_SCHEMA),
-                    {"sources": with_documents, "max_text_chars": config.gate.max_text_chars},
-                    ["locator"],
-                ),
-                GateCheck("stage_stats", stats_table(stats_by_rule), {}, ["source", "rule"]),
-            ]
-            outcome = gate_stage(repo, branch, report, checks, sample, config.gate.max_rows)
-    report.seconds = clock.seconds
-    metadata = outcome.metadata() if outcome else {"gate": "disabled"}
-    metadata["classifier"] = "trained" if scorer is not None else "off"
-    commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id, metadata)
-    return StageResult(stage=STAGE, commit_id=commit_id, report=report.to_dict())
+    with_documents = [n for n, s in sources.items() if s["kept"]]
+    documents = {"sources": with_documents, "max_text_chars": config.gate.max_text_chars}
+    stage.gate_documents(
+        input_commit, config.gate, "filtered_documents", GATE_SCHEMA, documents, failed, config.gate.rate_range
+    )
+    report = stage.finish()
+    report.note = "classifier trained" if scorer is not None else "classifier off"
+    report.commit_metadata["classifier"] = "trained" if scorer is not None else "off"
+    return report

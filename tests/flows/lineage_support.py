@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from flows.wap import ChainLink, PublishedVersion, publish, run_branch
+from formats.layout import LINEAGE_BRANCH, checkpoint_record_path
 from training.config import CheckpointConfig, DataConfig, ModelConfig, StabilityConfig, TrainConfig
-from training.lineage import LINEAGE_BRANCH, checkpoint_record_path
 from training.synthetic import publish_synthetic_dataset
 from training.trainer import TrainResult, train
 from versioning import DataRepo

@@ -13,6 +13,7 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.settings import PREFECT_API_URL
 
+from flows import publish_guard
 from flows.curate import curate
 from flows.janitor import sweep
 from flows.wap import MAIN, RUN_BRANCH_PREFIX, flow_run_of_branch
@@ -48,6 +49,7 @@ def test_sigkill_mid_run_then_rerun_completes_and_janitor_removes_the_orphan(tmp
     corpus = write_corpus(tmp_path / "sources", documents=60)
     repo = LocalRepo(tmp_path / "repo")
     repo.ensure()
+    publish_guard.install(repo)  # as `tokenlake repo install-hooks`, or the first curate run, leaves main
     main_before = repo.resolve(MAIN)
     params = params_for(corpus, str(repo.root), tmp_path / "results")
     params_file = tmp_path / "params.json"

@@ -11,10 +11,10 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-from flows.chain import STAGES
 from flows.curate import curate
 from flows.wap import MAIN, PublishRecord
-from tasks.io import config_hash
+from formats.layout import STAGES
+from tasks.stage import config_hash
 from tests.flows.curate_support import column, params_for, stage_commits, stage_outcomes, write_corpus
 from versioning.local import LocalRepo
 
@@ -47,7 +47,7 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
     assert repo.list_tags()[first.tag] == first.commit_id == repo.resolve(MAIN)
     assert set(repo.list_branches()) == {MAIN}, "the run branch is closed after publishing"
     commits = stage_commits(repo, first.tag)
-    configs = {"ingest": params.ingest, "validate": params.filters, "dedup": params.dedup,
+    configs = {"ingest": params.ingest, "validate": params.validation, "dedup": params.dedup,
                "shard": params.shards, "mix": params.mix}
     for earlier, stage in zip(STAGES, STAGES[1:], strict=False):
         assert commits[stage]["input_commit"] == commits[earlier]["id"], f"{stage} read {earlier}'s commit"
@@ -57,7 +57,7 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
         assert meta["stage_config_hash"] == config_hash(configs[stage])
         assert {"documents_in", "kept", "rejected", "tokens", "tokenlake_version"} <= set(meta)
     record = PublishRecord.from_commit(repo.get_commit(first.commit_id))
-    assert [link.stage for link in record.chain] == STAGES and record.run_head == commits["mix"]["id"]
+    assert [link.stage for link in record.chain] == list(STAGES) and record.run_head == commits["mix"]["id"]
     ids = column(repo, first.tag, "dedup/", "id")
     assert len(ids) == len(set(ids)) > 0
     reasons = {stage: set(column(repo, first.tag, f"quarantine/{stage}/", "reason")) for stage in STAGES[:3]}

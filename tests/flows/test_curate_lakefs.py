@@ -15,12 +15,13 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-from flows.chain import STAGES
+from flows import publish_guard
 from flows.curate import curate
 from flows.wap import MAIN, RUN_BRANCH_PREFIX
+from formats.layout import STAGES
 from tests.flows.curate_support import column, params_for, stage_outcomes, write_corpus
 from tests.lakefs_double import FaultConfig, LakeFSDouble
-from versioning import NotFound
+from versioning import HookFailed, NotFound
 from versioning.lakefs import LakeFSRepo, RetryPolicy
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -128,3 +129,13 @@ def test_curate_on_lakefs_survives_faults_then_reuses_and_gates(double, tmp_path
     state = curate(failing, return_state=True)
     assert state.is_failed() and "min_documents" in state.message
     assert probe.resolve(MAIN) == second.commit_id and set(probe.list_branches()) == {MAIN}
+
+    # the flow published through main's guard (installed by its first run); lakeFS refuses what
+    # another client merges without the gates
+    assert publish_guard.missing_files(probe) == []
+    probe.create_branch("by-hand", MAIN)
+    probe.put("by-hand", "shards/extra/shard-00000.bin", b"unchecked")
+    probe.commit("by-hand", "shards uploaded by hand")
+    with pytest.raises(HookFailed, match="refused by the tokenlake publish guard"):
+        probe.merge("by-hand", MAIN, "merge by hand")
+    assert probe.resolve(MAIN) == second.commit_id

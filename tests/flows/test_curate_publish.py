@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from flows import publish_guard
 from flows.wap import (
     MAIN,
     PUBLISH_LOCK_BRANCH,
@@ -22,6 +23,7 @@ from flows.wap import (
     publish_in_progress,
     publish_lock,
 )
+from versioning import HookFailed
 from versioning.local import LocalRepo
 
 
@@ -32,37 +34,61 @@ def repo(tmp_path):
     return repo
 
 
-def _run(repo: LocalRepo, branch: str, files: dict[str, bytes]) -> str:
-    open_run_branch(repo, branch)
+def _run(
+    repo: LocalRepo, branch: str, files: dict[str, bytes], gates: dict[str, str] | None = None
+) -> tuple[str, list[ChainLink]]:
+    """A run branch as the curate flow leaves it: each gated stage commits its report and records
+    its gate (passed unless ``gates`` says otherwise), which main's publish guard checks."""
+    open_run_branch(repo, branch)  # a new repository gets the guard here
     for path, data in files.items():
         repo.put(branch, path, data)
-    return repo.commit(branch, "stage", {"stage": "ingest"}, allow_empty=True).id  # as stages commit
+    chain = []
+    for stage in publish_guard.gated_stages():
+        verdict = (gates or {}).get(stage, "passed")
+        report = {"stage": stage, "expectations": {"success": verdict == "passed"}}
+        repo.put(branch, f"reports/{stage}.json", json.dumps(report).encode())
+        commit = repo.commit(branch, stage, {"stage": stage, "gate": verdict}, allow_empty=True).id
+        chain.append(ChainLink(stage, f"key-{stage}", commit))
+    return chain[-1].commit, chain
 
 
 def test_publish_merges_tags_and_records_the_chain(repo):
-    head = _run(repo, "curate-a", {"raw/s/part-00000.parquet": b"x"})
-    chain = [ChainLink("ingest", "key-1", head)]
+    head, chain = _run(repo, "curate-a", {"raw/s/part-00000.parquet": b"x"})
     version = publish(repo, head, chain, "run-a", "gates")
     assert version.new and version.tag == next_tag(repo).rsplit("-", 1)[0] + "-1"
     assert repo.list_tags()[version.tag] == version.commit_id == repo.resolve(MAIN)
-    record = PublishRecord.from_commit(repo.get_commit(MAIN))
+    merge = repo.get_commit(MAIN)
+    record = PublishRecord.from_commit(merge)
     assert record.run_head == head and record.chain == tuple(chain) and record.tag == version.tag
     assert repo.is_ancestor(head, MAIN)
+    # what the publish guard reads: the gates of the merged commit's stages
+    assert merge.metadata["gate"] == "passed" and merge.metadata["input_commit"] == head
+    assert json.loads(merge.metadata["gates"]) == {"ingest": "passed", "validate": "passed", "shard": "passed"}
+
+
+def test_main_refuses_a_run_whose_gate_failed_and_stays_where_it_was(repo):
+    head, chain = _run(repo, "curate-a", {"a.txt": b"1"}, gates={"validate": "failed"})
+    before = repo.resolve(MAIN)
+    assert publish_guard.missing_files(repo) == []  # the new repository got the guard
+    with pytest.raises(HookFailed, match="the validate gate is failed"):
+        publish(repo, head, chain, "run-a", "g")
+    assert repo.resolve(MAIN) == before and not [t for t in repo.list_tags() if t.startswith("ds-")]
+    assert publish_in_progress(repo) is None  # the lock was released
 
 
 def test_publish_retried_after_success_publishes_nothing_new(repo):
-    head = _run(repo, "curate-a", {"a.txt": b"1"})
-    first = publish(repo, head, [], "run-a", "g")
-    again = publish(repo, head, [], "run-a", "g")
+    head, chain = _run(repo, "curate-a", {"a.txt": b"1"})
+    first = publish(repo, head, chain, "run-a", "g")
+    again = publish(repo, head, chain, "run-a", "g")
     assert again.tag == first.tag and again.commit_id == first.commit_id
     assert len([t for t in repo.list_tags() if t.startswith("ds-")]) == 1
 
 
 def test_publishing_the_data_main_already_holds_returns_its_version(repo):
-    head = _run(repo, "curate-a", {"a.txt": b"1"})
-    first = publish(repo, head, [], "run-a", "g")
-    same = _run(repo, "curate-b", {"a.txt": b"1"})  # a run that wrote what main has
-    again = publish(repo, same, [], "run-b", "g")
+    head, chain = _run(repo, "curate-a", {"a.txt": b"1"})
+    first = publish(repo, head, chain, "run-a", "g")
+    same, chain = _run(repo, "curate-b", {"a.txt": b"1"})  # a run that wrote what main has
+    again = publish(repo, same, chain, "run-b", "g")
     assert not again.new and again.tag == first.tag and repo.resolve(MAIN) == first.commit_id
 
 
@@ -123,11 +149,11 @@ def test_a_run_branch_left_by_a_killed_attempt_restarts_from_main(repo):
 def test_datasets_lists_versions_with_documents_and_tokens_per_source(repo):
     manifest = {"sources": {"code": {"sequences": 2, "tokens": 514}, "prose": {"sequences": 1, "tokens": 257}}}
     dedup = {"per_source": {"code": {"kept": 10}, "prose": {"kept": 4}}}
-    head = _run(repo, "curate-a", {
+    head, chain = _run(repo, "curate-a", {
         "shards/manifest.json": json.dumps(manifest).encode(),
         "reports/dedup.json": json.dumps(dedup).encode(),
     })
-    version = publish(repo, head, [], "run-a", "g")
+    version = publish(repo, head, chain, "run-a", "g")
     (listed,) = list_versions(repo)
     assert listed.tag == version.tag and listed.commit_id == version.commit_id and listed.flow_run_id == "run-a"
     assert listed.tokens == {"code": 514, "prose": 257} and listed.documents == {"code": 10, "prose": 4}

@@ -15,8 +15,8 @@ from flows.lineage import (
     describe_data,
     find_checkpoint,
     read_lineage,
-    step_positions,
 )
+from flows.step_samples import step_positions
 from flows.wap import MAIN
 from tests.flows.lineage_support import (
     BACKENDS,

@@ -8,13 +8,8 @@ import json
 import pytest
 
 from flows.lineage import checkpoints_on, describe_data, read_lineage
-from flows.rollback_core import (
-    RollbackRefused,
-    find_tainted,
-    mark_tainted,
-    plan_rollback,
-    restore_main,
-)
+from flows.restore import RollbackRefused, plan_rollback, restore_main
+from flows.taint import find_tainted, mark_tainted
 from flows.wap import MAIN, publish_lock
 from tests.flows.lineage_support import (
     BAD_SOURCES,

@@ -8,14 +8,14 @@ import pytest
 
 from flows import cli
 from formats.shards import HEADER_SIZE, Manifest
-from tests.tasks.test_shard_stage import build_dedup_repo, run_stage
+from tests.tasks.test_shard_stage import build_dedup_repo, shard_on_branch
 
 
 @pytest.fixture(scope="module")
 def sharded_repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli") / "repo"
     repo, input_commit = build_dedup_repo(root)
-    result = run_stage(repo, input_commit, "curate-1")
+    result = shard_on_branch(repo, input_commit, "curate-1")
     manifest = Manifest.from_json(repo.get(result.commit_id, "shards/manifest.json"))
     flipped = manifest.shards_of("web")[1].name
     repo.create_branch("broken", "curate-1")

@@ -35,7 +35,7 @@ from tests.lakefs_double import api_objects, api_refs  # noqa: F401 - they regis
 from tests.lakefs_double.common import OPERATIONS, ApiError, Call, Reply, RepositoryStore
 from tests.lakefs_double.faults import Fault, FaultConfig, FaultInjector
 from tests.lakefs_double.spec import Operation, WireRequest, WireResponse, load_spec
-from versioning.port import Conflict, InvalidPath, NoChanges, NotFound, RepoError, TransientError
+from versioning.port import Conflict, HookFailed, InvalidPath, NoChanges, NotFound, RepoError, TransientError
 
 log = logging.getLogger("tests.lakefs_double")
 _CHUNK = 1024 * 1024
@@ -144,6 +144,8 @@ def _error(error: ApiError | RepoError) -> Reply:
     text = str(error)
     if isinstance(error, NotFound):
         status, message = 404, f"not found: {text}"
+    elif isinstance(error, HookFailed):  # graveler.HookAbortError
+        status, message = 412, text
     elif isinstance(error, NoChanges):
         status, message = 400, f"no changes: {text}"
     elif isinstance(error, Conflict) and "uncommitted changes" in text:

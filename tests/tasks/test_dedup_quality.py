@@ -14,7 +14,7 @@ from scipy.sparse import csr_matrix
 
 from tasks.dedup import DedupConfig, PublishedIndex, plan_dedup
 from tasks.dedup.plan import keys_from_arrow
-from tasks.io import document_id
+from tasks.schema import document_id
 
 WORD = re.compile(r"[0-9a-z_]+")
 NGRAM = 5

@@ -13,10 +13,11 @@ import pytest
 
 from tasks.dedup import DedupConfig
 from tasks.dedup.index import load_published, run_folders
-from tasks.dedup.stage import run_dedup_stage
+from tasks.dedup.stage import run_dedup
 from tasks.dedup.task import dedup_task
-from tasks.io import list_parts, read_parts
-from tasks.runtime import stage_table
+from tasks.parts import list_parts, read_parts
+from tasks.stage import run_stage
+from tasks.stage_task import stage_table
 from tests.tasks.test_dedup_quality import documents
 from versioning import DataRepo
 from versioning.local import LocalRepo
@@ -134,19 +135,19 @@ def test_a_new_version_is_deduplicated_against_published_ones_without_rehashing(
     parts, name = web_and_code()
     put_filtered(repo, "main", parts, "v1 validated")
     repo.create_branch("curate-1", "main")
-    first = run_dedup_stage(repo, "curate-1", DedupConfig(), repo.resolve("curate-1"))
+    first = run_stage(run_dedup, repo, "curate-1", repo.resolve("curate-1"), DedupConfig())
     repo.merge("curate-1", "main", "publish v1")
 
     # an unpublished run on another branch must not count as published
     repo.create_branch("curate-failed", "main")
     put_filtered(repo, "curate-failed", {"web": [documents([text()], "web", first=900)]}, "never published")
-    run_dedup_stage(repo, "curate-failed", DedupConfig(), repo.resolve("curate-failed"))
+    run_stage(run_dedup, repo, "curate-failed", repo.resolve("curate-failed"), DedupConfig())
 
     repo.create_branch("curate-2", "main")
     v1_web = parts["web"][0].column("text").to_pylist()
     v2 = documents([near_copy(v1_web[0], 1), v1_web[2], text(), text()], "web", first=100)
     input_commit = put_filtered(repo, "curate-2", {"web": [v2]}, "v2 validated (new documents only)")
-    second = run_dedup_stage(repo, "curate-2", DedupConfig(), input_commit)
+    second = run_stage(run_dedup, repo, "curate-2", input_commit, DedupConfig())
 
     extra = second.report["extra"]
     assert extra["published_documents"] == 9, "v1's entries, not the failed branch's"
@@ -163,17 +164,17 @@ def test_a_new_version_is_deduplicated_against_published_ones_without_rehashing(
 def test_stored_band_keys_are_used_and_a_new_banding_recomputes_them(repo):
     parts, _ = web_and_code()
     put_filtered(repo, "main", parts, "validated")
-    result = run_dedup_stage(repo, "main", DedupConfig(), repo.resolve("main"))
+    result = run_stage(run_dedup, repo, "main", repo.resolve("main"), DedupConfig())
     same = load_published(repo, result.commit_id, DedupConfig())
     assert same.banding == (28, 9) and same.band_keys.shape == (9, 28)
     put_filtered(repo, "main", {"web": [documents([text()], "web", first=70)]}, "v2")
-    reused = run_dedup_stage(repo, "main", DedupConfig(), repo.resolve("main"))
+    reused = run_stage(run_dedup, repo, "main", repo.resolve("main"), DedupConfig())
     assert reused.report["extra"]["band_keys_reused"] == 7, "one per published text"
     # another threshold (so another banding) shares the signatures and still finds the copies
     other = DedupConfig(threshold=0.7)
     v2 = documents([parts["code"][0].column("text").to_pylist()[1]], "code", first=50)
     put_filtered(repo, "main", {"code": [v2]}, "v3")
-    again = run_dedup_stage(repo, "main", other, repo.resolve("main"))
+    again = run_stage(run_dedup, repo, "main", repo.resolve("main"), other)
     assert again.report["extra"]["published_documents"] == 10
     assert again.report["extra"]["band_keys_reused"] == 0
     assert again.report["rejected"] == {"exact_duplicate": 1}, "its published twin is in the index"
@@ -185,10 +186,10 @@ def test_rerunning_on_the_same_branch_replaces_its_outputs(repo):
     parts, _ = web_and_code()
     input_commit = put_filtered(repo, "main", parts, "validated")
     repo.create_branch("curate-1", "main")
-    first = run_dedup_stage(repo, "curate-1", DedupConfig(), input_commit)
+    first = run_stage(run_dedup, repo, "curate-1", input_commit, DedupConfig())
     repo.reset_hard("curate-1", input_commit)
     repo.create_branch("curate-2", first.commit_id)
-    second = run_dedup_stage(repo, "curate-2", DedupConfig(), input_commit)  # a retry after a commit
+    second = run_stage(run_dedup, repo, "curate-2", input_commit, DedupConfig())  # a retry after a commit
     for prefix in ("dedup", "quarantine/dedup", "index/minhash"):
         assert [s.path for s in repo.list(first.commit_id, prefix)] == [
             s.path for s in repo.list(second.commit_id, prefix)
@@ -197,14 +198,17 @@ def test_rerunning_on_the_same_branch_replaces_its_outputs(repo):
 
 
 def test_same_documents_same_output_whatever_the_partitioning(tmp_path):
-    parts, _ = web_and_code()
+    parts, name = web_and_code()
+    clusters = [("a", "a_near"), ("b", "b_ws", "b_code"), ("c", "c_near")]
+    survivors = {min(name[k] for k in cluster) for cluster in clusters}  # no quality: smallest id
+    planted = {name[k] for cluster in clusters for k in cluster} - survivors
     docs = {s: pa.concat_tables(t) for s, t in parts.items()}
     outputs = []
-    for k, split in enumerate([1, 2]):
+    for k, split in enumerate([1, 2, 3]):
         repo = LocalRepo(tmp_path / f"repo{k}")
         repo.ensure()
         layout = {s: [t.slice(i, split) for i in range(0, t.num_rows, split)][::-1] for s, t in docs.items()}
-        result = run_dedup_stage(repo, "main", DedupConfig(), put_filtered(repo, "main", layout, "v"))
+        result = run_stage(run_dedup, repo, "main", put_filtered(repo, "main", layout, "v"), DedupConfig())
         kept = read_all(repo, result.commit_id, "dedup")
         quarantined = read_all(repo, result.commit_id, "quarantine/dedup")
         outputs.append(
@@ -214,7 +218,10 @@ def test_same_documents_same_output_whatever_the_partitioning(tmp_path):
             )
         )
         repo.close()
-    assert outputs[0] == outputs[1]
+        removed = outputs[-1][1]
+        assert set(removed) == planted, f"parts of {split} rows: the planted duplicates go, and only they"
+        assert {reason for reason, _ in removed.values()} == {"exact_duplicate", "near_duplicate"}
+    assert outputs[0] == outputs[1] == outputs[2]
 
 
 def test_best_quality_survives_and_soft_mode_keeps_everyone_with_weights(repo):
@@ -222,12 +229,12 @@ def test_best_quality_survives_and_soft_mode_keeps_everyone_with_weights(repo):
     table = documents([a, near_copy(a), near_copy(a, 3), text()], "web", quality=[0.2, 0.9, None, 0.5])
     put_filtered(repo, "main", {"web": [table]}, "v")
     ids = table.column("id").to_pylist()
-    hard = run_dedup_stage(repo, "main", DedupConfig(), repo.resolve("main"))
+    hard = run_stage(run_dedup, repo, "main", repo.resolve("main"), DedupConfig())
     kept = read_all(repo, hard.commit_id, "dedup")
     assert set(kept.column("id").to_pylist()) == {ids[1], ids[3]}, "the 0.9 document represents its cluster"
 
     repo.create_branch("soft", put_filtered(repo, "main", {"web": [table]}, "again"))
-    soft = run_dedup_stage(repo, "soft", DedupConfig(mode="soft"), repo.resolve("soft"))
+    soft = run_stage(run_dedup, repo, "soft", repo.resolve("soft"), DedupConfig(mode="soft"))
     weights = rows_by_id(read_all(repo, soft.commit_id, "dedup"), "weight", "cluster_size", "dup_cluster")
     assert weights[ids[0]] == pytest.approx((1 / 3, 3, ids[1])) and weights[ids[3]] == (1.0, 1, ids[3])
     assert list_parts(repo, soft.commit_id, "quarantine/dedup") == []
@@ -238,10 +245,10 @@ def test_bad_input_and_bad_configs_fail_with_one_clear_sentence(repo):
     with pytest.raises(
         ValueError, match="no documents under filtered/ at commit .*; run the validate stage first"
     ):
-        run_dedup_stage(repo, "main", DedupConfig(), repo.resolve("main"))
+        run_stage(run_dedup, repo, "main", repo.resolve("main"), DedupConfig())
     put_filtered(repo, "main", {"web": [pa.table({"id": ["x"], "source": ["web"]})]}, "broken")
     with pytest.raises(ValueError, match="lacks column\\(s\\) text"):
-        run_dedup_stage(repo, "main", DedupConfig(), repo.resolve("main"))
+        run_stage(run_dedup, repo, "main", repo.resolve("main"), DedupConfig())
     with pytest.raises(ValueError, match="give both bands and rows"):
         DedupConfig(bands=10)
     with pytest.raises(ValueError, match="bands x rows = 300 exceeds num_perm = 256"):

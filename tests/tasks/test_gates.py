@@ -1,5 +1,6 @@
 """Great Expectations gates: the suites in expectations/ match the stage schemas, a failing
-expectation gives a readable message and Data Docs, and a failing suite blocks its stage
+expectation gives a readable message and Data Docs, a gate run is a GX Checkpoint run with a
+name that says what it checked (a sample says so), and a failing suite blocks its stage
 (nothing committed)."""
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import pyarrow as pa
 import pytest
 
 from expectations import load_suite
+from tasks.gates import Coverage, ExpectationsFailed, GateCheck, run_gate, stats_rows, stats_table
 from tasks.ingest import IngestConfig, SourceConfig, run_ingest
-from tasks.io import DOCUMENT_SCHEMA, document_id
 from tasks.quality.prose import PROSE_RULES
-from tasks.validate import SIGNAL_FIELDS, GateCheck, GateFailed, ValidateConfig, run_gate
-from tasks.validate.gates import stats_rows, stats_table
+from tasks.schema import DOCUMENT_SCHEMA, document_id
+from tasks.stage import run_stage
+from tasks.validate import SIGNAL_FIELDS, ValidateConfig
 from tasks.validate.stage import run_validate
 from versioning import open_repo
 
@@ -60,6 +62,8 @@ def test_failed_expectations_read_as_expectation_observed_expected(tmp_path: Pat
             GateCheck("raw_documents", frame, {"sources": ["a", "b"], "max_text_chars": 1000}, ["locator"]),
             GateCheck("stage_stats", stats, {}, ["source", "rule"]),
         ],
+        "ingest-0123456789ab-all-3",
+        Coverage.everything(3, "documents"),
         tmp_path / "docs",
     )
     assert not outcome.success
@@ -74,7 +78,7 @@ def test_failed_expectations_read_as_expectation_observed_expected(tmp_path: Pat
     )
     assert '"rule": "word_count"' in text and "expected max_removal_rate >= removal_rate on every row" in text
     assert (tmp_path / "docs" / "index.html").is_file()
-    with pytest.raises(GateFailed, match="ingest gate failed 4/") as error:
+    with pytest.raises(ExpectationsFailed, match="ingest gate failed 4/") as error:
         outcome.raise_if_failed("ingest")
     assert "index.html" in str(error.value)
     json.dumps(outcome.to_dict())  # the report is JSON
@@ -95,10 +99,10 @@ def test_ingest_gate_blocks_the_stage_when_a_source_yields_nothing(tmp_path: Pat
     repo.create_branch("curate-g", "main")
     before = repo.resolve("curate-g")
     with pytest.raises(
-        GateFailed,
+        ExpectationsFailed,
         match=r"expect_column_distinct_values_to_contain_set\(source\): observed missing \['empty'\]",
     ):
-        run_ingest(repo, "curate-g", config, before)
+        run_stage(run_ingest, repo, "curate-g", before, config)
     assert repo.resolve("curate-g") == before  # nothing committed
     report = json.loads(repo.get("curate-g", "reports/ingest.json"))  # left staged for a person to read
     assert report["expectations"]["success"] is False
@@ -111,14 +115,9 @@ def test_validate_gate_blocks_the_stage_when_a_filter_removes_too_much(tmp_path:
     (tmp_path / "docs" / "short.txt").write_text("Only a few words here.")
     repo = open_repo(str(tmp_path / "repo"))
     repo.create_branch("curate-v", "main")
-    ingested = run_ingest(
-        repo,
-        "curate-v",
-        IngestConfig(
+    ingested = run_stage(run_ingest, repo, "curate-v", repo.resolve("curate-v"), IngestConfig(
             sources=[SourceConfig(name="docs", kind="prose", format="files", path=str(tmp_path / "docs"))]
-        ),
-        repo.resolve("curate-v"),
-    )
+        ))
     only_word_count = {
         "prose": dict.fromkeys(PROSE_RULES, {}) | {"word_count": {"min": 6}},
         "langid": {"enabled": False},
@@ -127,14 +126,49 @@ def test_validate_gate_blocks_the_stage_when_a_filter_removes_too_much(tmp_path:
     tight = ValidateConfig.model_validate(
         only_word_count | {"gate": {"removal_rate": {"word_count": {"max": 0.1}}}}
     )
-    with pytest.raises(GateFailed) as error:
-        run_validate(repo, "curate-v", tight, ingested.commit_id)
+    with pytest.raises(ExpectationsFailed) as error:
+        run_stage(run_validate, repo, "curate-v", ingested.commit_id, tight)
     message = str(error.value)
     assert "validate gate failed 1/" in message
     assert "expect_column_pair_values_a_to_be_greater_than_b(max_removal_rate, removal_rate)" in message
     assert '"rule": "word_count"' in message and '"removal_rate": 0.2' in message
     assert repo.resolve("curate-v") == ingested.commit_id
 
-    passed = run_validate(repo, "curate-v", lenient, ingested.commit_id)
+    passed = run_stage(run_validate, repo, "curate-v", ingested.commit_id, lenient)
     assert passed.report["expectations"]["success"] is True
     assert repo.get_commit(passed.commit_id).metadata["gate"] == "passed"
+
+
+def _docs(repo, ref: str, stage: str) -> dict[str, str]:
+    prefix = f"reports/data_docs/{stage}/"
+    pages = [s.path for s in repo.list(ref, prefix) if s.path.endswith(".html")]
+    return {p.removeprefix(prefix): repo.get(ref, p).decode() for p in pages}
+
+
+def test_a_gate_on_a_sample_says_so_in_the_report_the_commit_and_the_data_docs(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    for i in range(5):
+        (tmp_path / "docs" / f"d{i}.txt").write_text(f"{TEXT} {i}")
+    repo = open_repo(str(tmp_path / "repo"))
+    repo.create_branch("curate-s", "main")
+    base = repo.resolve("curate-s")
+    source = SourceConfig(name="docs", kind="prose", format="files", path=str(tmp_path / "docs"))
+    sampled = run_stage(run_ingest, repo, "curate-s", base, IngestConfig(sources=[source], gate={"max_rows": 2}))
+
+    gate = sampled.report["expectations"]
+    run_name = f"ingest-{base[:12]}-sample-2-of-5"
+    assert (gate["sampled"], gate["documents_checked"], gate["documents_total"]) == (True, 2, 5)
+    assert gate["run_name"] == run_name and "a sample of 2 of 5 documents" in gate["summary"]
+    assert repo.get_commit(sampled.commit_id).metadata["gate_run"] == run_name
+    pages = _docs(repo, sampled.commit_id, "ingest")
+    assert run_name in pages["index.html"], "the Data Docs index lists the run by its name"
+    (validation,) = [p for p in pages if p.startswith("validations/raw_documents/")]
+    assert validation.startswith(f"validations/raw_documents/{run_name}/") and run_name in pages[validation]
+    assert "checked a sample of 2 of 5 documents" in pages["expectations/raw_documents.html"]
+    assert not any("__none__" in p for p in pages), "every run is filed under its name"
+
+    repo.create_branch("curate-a", "main")
+    whole = run_stage(run_ingest, repo, "curate-a", base, IngestConfig(sources=[source]))
+    assert whole.report["expectations"]["sampled"] is False
+    assert whole.report["expectations"]["run_name"] == f"ingest-{base[:12]}-all-5"
+    assert "checked all 5 documents" in _docs(repo, whole.commit_id, "ingest")["expectations/raw_documents.html"]

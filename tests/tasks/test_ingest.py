@@ -13,7 +13,6 @@ import pytest
 from pydantic import ValidationError
 
 from tasks.ingest import (
-    ConfigError,
     IngestConfig,
     SourceConfig,
     ingest_partition,
@@ -23,7 +22,9 @@ from tasks.ingest import (
 from tasks.ingest.normalize import normalize_texts
 from tasks.ingest.runner import PartitionFailed, run_partitions, with_retries
 from tasks.ingest.task import ingest_task
-from tasks.io import DOCUMENT_SCHEMA, document_id, read_parts
+from tasks.parts import read_parts
+from tasks.schema import DOCUMENT_SCHEMA, document_id
+from tasks.stage import ConfigError, run_stage
 from versioning import open_repo
 
 TEXT = "Plain prose for the ingest tests, long enough to be kept.\n"
@@ -209,7 +210,7 @@ def test_ingest_stage_writes_parts_quarantine_report_and_commit(
     assert meta["gate"] == "passed" and meta["gate_summary"].startswith("passed")
 
     # a re-run on the same branch replaces the outputs instead of adding to them
-    again = run_ingest(repo, "curate-a", config.model_copy(update={"rows_per_part": 100}), result.commit_id)
+    again = run_stage(run_ingest, repo, "curate-a", result.commit_id, config.model_copy(update={"rows_per_part": 100}))
     assert [o.path for o in repo.list(again.commit_id, "raw/")] == [
         "raw/docs/part-00000.parquet",
         "raw/lines/part-00000.parquet",

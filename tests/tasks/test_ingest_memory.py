@@ -61,13 +61,14 @@ def peak_rss() -> int:
 def measure(jsonl: Path, repo_dir: Path) -> dict[str, int]:
     """Ingest ``jsonl`` into a fresh LocalRepo in this process; peak RSS before and after, in bytes."""
     from tasks.ingest import IngestConfig, SourceConfig, run_ingest
+    from tasks.stage import run_stage
     from versioning import open_repo
 
     repo = open_repo(str(repo_dir))
     source = SourceConfig(name="big", kind="prose", format="jsonl", path=str(jsonl))
     config = IngestConfig(sources=[source], gate={"enabled": False})
     before = peak_rss()
-    result = run_ingest(repo, "main", config, repo.resolve("main"))
+    result = run_stage(run_ingest, repo, "main", repo.resolve("main"), config)
     after = peak_rss()
     return {"peak_before": before, "peak_after": after, "kept": result.report["kept"]}
 

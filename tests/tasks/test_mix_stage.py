@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from formats.layout import MIX
 from formats.mix import MixPhase, MixPlan, MixSpec, MixSpecError
 from formats.shards import HEADER_SIZE, Manifest, ShardEntry
-from tasks.mix import MIX_PATH, mix_task, run_mix_stage
+from tasks.mix.stage import run_mix
+from tasks.mix.task import mix_task
+from tasks.stage import run_stage
 from versioning.local import LocalRepo
 
 SEQ_LEN = 64
@@ -63,7 +66,7 @@ def test_mix_stage_writes_the_resolved_plan_and_commits_it(repo, tmp_path):
     )
     result = mix_task.fn(str(tmp_path / "repo"), "main", spec, input_commit, "flow-1")
 
-    raw = repo.get(result.commit_id, MIX_PATH)
+    raw = repo.get(result.commit_id, MIX)
     plan = MixPlan.from_json(raw)
     assert plan.sha256() == hashlib.sha256(raw).hexdigest() == result.report["extra"]["mix_sha256"]
     assert plan.source_names == ("books", "code", "web") and plan.seed == 7
@@ -86,14 +89,14 @@ def test_a_spec_that_cannot_be_met_fails_before_writing_anything(repo):
     input_commit, _ = shard_commit(repo, {"web": 6000, "code": 100})
     spec = MixSpec(weights={"web": 0.5, "code": 0.5}, total_tokens=2000 * SEQ_LEN, max_epochs=2)
     with pytest.raises(MixSpecError, match="source 'code' would need 10.00 epochs"):
-        run_mix_stage(repo, "main", spec, input_commit)
-    assert not repo.exists("main", MIX_PATH) and repo.resolve("main") == input_commit
+        run_stage(run_mix, repo, "main", input_commit, spec)
+    assert not repo.exists("main", MIX) and repo.resolve("main") == input_commit
     with pytest.raises(MixSpecError, match="name source 'books', which is not in the manifest"):
-        run_mix_stage(repo, "main", MixSpec(weights={"web": 0.5, "code": 0.25, "books": 0.25}), input_commit)
+        run_stage(run_mix, repo, "main", input_commit, MixSpec(weights={"web": 0.5, "code": 0.25, "books": 0.25}))
     with pytest.raises(ValidationError, match="weights in the spec sum to 0.75, not 1"):
         MixSpec(weights={"web": 0.5, "code": 0.25})
 
 
 def test_mix_stage_needs_a_manifest(repo):
     with pytest.raises(ValueError, match="no shards/manifest.json at commit .*; run the shard stage first"):
-        run_mix_stage(repo, "main", MixSpec(), repo.resolve("main"))
+        run_stage(run_mix, repo, "main", repo.resolve("main"), MixSpec())

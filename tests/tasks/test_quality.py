@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.io import document_id
 from tasks.quality.classifier import ClassifierConfig, HashedLinearScorer, pareto_keep, train_hashed_linear
 from tasks.quality.code import CODE_RULES, CodeRules
 from tasks.quality.prose import PROSE_RULES, ProseRules
 from tasks.quality.rules import Bounds
 from tasks.quality.segments import duplicate_fractions, ngram_repetition, split_lines, split_words
+from tasks.schema import document_id
 from tasks.validate.config import ValidateConfig
 from tasks.validate.filters import ClassifierRule, apply_filters
 

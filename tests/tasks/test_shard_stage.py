@@ -13,14 +13,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from formats import layout
 from formats.shards import HEADER_SIZE, Manifest, read_shard_bytes
-from tasks.io import document_id, read_parts
+from tasks.gates import ExpectationsFailed
+from tasks.parts import read_parts
+from tasks.schema import document_id
 from tasks.shard.config import ShardConfig
-from tasks.shard.gate import ShardGateError
-from tasks.shard.stage import run_shard_stage
+from tasks.shard.stage import run_shard
 from tasks.shard.task import shard_task
 from tasks.shard.verify import verify_shards_at
-from tasks.tokenize import TOKENIZER_PATH, TokenizerError, load_tokenizer, train_tokenizer
+from tasks.stage import run_stage
+from tasks.tokenize import TokenizerError, load_tokenizer, train_tokenizer
 from versioning import DataRepo
 from versioning.local import LocalRepo
 
@@ -67,17 +70,17 @@ def build_dedup_repo(root: Path) -> tuple[LocalRepo, str]:
     return repo, repo.commit("main", "dedup").id
 
 
-def run_stage(
+def shard_on_branch(
     repo: DataRepo, input_commit: str, branch: str, config: ShardConfig = SMALL, start: str = "main"
 ):
     repo.create_branch(branch, start)
-    return run_shard_stage(repo, branch, config, input_commit, flow_run_id="test-run")
+    return run_stage(run_shard, repo, branch, input_commit, config, flow_run_id="test-run")
 
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
     repo, input_commit = build_dedup_repo(tmp_path_factory.mktemp("shard") / "repo")
-    result = run_stage(repo, input_commit, "curate-1")
+    result = shard_on_branch(repo, input_commit, "curate-1")
     yield repo, input_commit, result
     repo.close()
 
@@ -89,7 +92,7 @@ def source_documents(repo: DataRepo, ref: str, source: str) -> list[str]:
 def test_decoded_shards_are_exactly_the_documents_token_stream(sharded) -> None:
     repo, input_commit, result = sharded
     manifest = Manifest.from_json(repo.get(result.commit_id, "shards/manifest.json"))
-    tokenizer, eod = load_tokenizer(repo.get(result.commit_id, TOKENIZER_PATH).decode(), SMALL.eod_token)
+    tokenizer, eod = load_tokenizer(repo.get(result.commit_id, layout.TOKENIZER).decode(), SMALL.eod_token)
     for source in ("web", "code"):
         texts = source_documents(repo, input_commit, source)
         expected = [t for text in texts for t in [*tokenizer.encode(text).ids, eod]]
@@ -104,7 +107,7 @@ def test_manifest_report_and_commit_agree(sharded) -> None:
     repo, input_commit, result = sharded
     raw = repo.get(result.commit_id, "shards/manifest.json")
     manifest = Manifest.from_json(raw)
-    tokenizer_sha = hashlib.sha256(repo.get(result.commit_id, TOKENIZER_PATH)).hexdigest()
+    tokenizer_sha = hashlib.sha256(repo.get(result.commit_id, layout.TOKENIZER)).hexdigest()
     metadata = repo.get_commit(result.commit_id).metadata
     assert manifest.tokenizer_sha256 == tokenizer_sha == metadata["tokenizer_sha256"]
     assert manifest.sha256() == hashlib.sha256(raw).hexdigest() == metadata["manifest_sha256"]
@@ -175,7 +178,7 @@ def test_rerun_on_the_same_branch_replaces_outputs_and_reuse_keeps_the_tokenizer
     reuse = SMALL.model_copy(
         update={"reuse_tokenizer_from": result.commit_id, "max_sequences_per_shard": 1000}
     )
-    again = run_stage(
+    again = shard_on_branch(
         repo, input_commit, "curate-2", reuse, start=result.commit_id
     )  # over the first run's output
     first = Manifest.from_json(repo.get(result.commit_id, "shards/manifest.json"))
@@ -190,7 +193,7 @@ def test_reuse_from_a_ref_without_a_tokenizer_says_what_to_fix(sharded) -> None:
     repo, input_commit, _ = sharded
     config = SMALL.model_copy(update={"reuse_tokenizer_from": "main"})
     with pytest.raises(TokenizerError, match="reuse_tokenizer_from='main': no tokenizer/tokenizer.json"):
-        run_stage(repo, input_commit, "curate-3", config)
+        shard_on_branch(repo, input_commit, "curate-3", config)
 
 
 @pytest.mark.parametrize(("added", "dtype"), [(0, "uint16"), (1, "uint32")])
@@ -201,9 +204,9 @@ def test_dtype_switches_when_the_vocabulary_passes_65536(tmp_path, added: int, d
     tokenizer = train_tokenizer(random_texts(100, seed=5), 300, [SMALL.eod_token])
     fill = 65_536 + added - tokenizer.get_vocab_size(with_added_tokens=True)
     tokenizer.add_tokens([f"<|unused-{i}|>" for i in range(fill)])
-    repo.put("main", TOKENIZER_PATH, tokenizer.to_str().encode())
+    repo.put("main", layout.TOKENIZER, tokenizer.to_str().encode())
     input_commit = repo.commit("main", "dedup + tokenizer").id
-    result = run_stage(
+    result = shard_on_branch(
         repo, input_commit, "curate-1", SMALL.model_copy(update={"reuse_tokenizer_from": "main"})
     )
     manifest = Manifest.from_json(repo.get(result.commit_id, "shards/manifest.json"))
@@ -221,8 +224,8 @@ def test_a_version_with_no_tokens_at_all_fails_the_gate_and_commits_nothing(tmp_
     input_commit = repo.commit("main", "dedup").id
     repo.create_branch("curate-1", "main")
     config = SMALL.model_copy(update={"reuse_tokenizer_from": None, "seq_len": 1024})
-    with pytest.raises(ShardGateError, match="without shards cannot be trained on"):
-        run_shard_stage(repo, "curate-1", config, input_commit)
+    with pytest.raises(ExpectationsFailed, match="without shards cannot be trained on"):
+        run_stage(run_shard, repo, "curate-1", input_commit, config)
     assert repo.resolve("curate-1") == input_commit
 
 
@@ -231,7 +234,7 @@ def test_missing_dedup_output_fails_fast(tmp_path) -> None:
     repo.ensure()
     head = repo.resolve("main")
     with pytest.raises(ValueError, match="no documents under dedup/ at commit .* run the dedup stage first"):
-        run_shard_stage(repo, "main", SMALL, head)
+        run_stage(run_shard, repo, "main", head, SMALL)
 
 
 def test_a_part_without_a_text_column_is_named(tmp_path) -> None:
@@ -240,7 +243,7 @@ def test_a_part_without_a_text_column_is_named(tmp_path) -> None:
     put_parts(repo, "main", "web", [pa.table({"id": ["a"], "body": ["x"]})])
     head = repo.commit("main", "bad dedup").id
     with pytest.raises(ValueError, match="dedup/web/part-00000.parquet lacks column"):
-        run_shard_stage(repo, "main", SMALL, head)
+        run_stage(run_shard, repo, "main", head, SMALL)
 
 
 def test_the_task_wrapper_runs_the_stage_without_prefect(tmp_path) -> None:
@@ -285,4 +288,7 @@ def test_the_task_in_a_flow_leaves_table_and_progress_artifacts(prefect_harness,
     assert by_type["progress"].data == 100
     table = json.loads(by_type["table"].data)
     assert by_type["table"].key == "shard-stage"
-    assert {row["source"] for row in table} == {"web", "code", "empty"}
+    rows = {row["source"]: row for row in table}
+    assert set(rows) == {"web", "code", "empty", "(all)"}
+    assert rows["web"]["stored_tokens"] > 0 and rows["empty"]["rejected_no_tokens"] == 3
+    assert rows["(all)"]["tokens"] == result.report["tokens"]

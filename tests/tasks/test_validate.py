@@ -14,7 +14,8 @@ import pytest
 
 from tasks.ingest import IngestConfig, SourceConfig, run_ingest
 from tasks.ingest.task import ingest_task
-from tasks.io import read_parts
+from tasks.parts import read_parts
+from tasks.stage import run_stage
 from tasks.validate import SIGNAL_FIELDS, ValidateConfig
 from tasks.validate.stage import MODEL_PATH, ValidateConfigError, run_validate
 from tasks.validate.task import validate_task
@@ -123,7 +124,7 @@ def ingested_commit(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]
     repo = open_repo(spec)
     repo.create_branch("curate-ingest", "main")
     config = IngestConfig(sources=sources, gate={"enabled": False})
-    return spec, run_ingest(repo, "curate-ingest", config, repo.resolve("curate-ingest")).commit_id
+    return spec, run_stage(run_ingest, repo, "curate-ingest", repo.resolve("curate-ingest"), config).commit_id
 
 
 @pytest.fixture
@@ -219,14 +220,14 @@ def test_misconfiguration_fails_before_any_work(
     spec, branch, ingest_commit = ingested
     repo = open_repo(spec)
     with pytest.raises(ValidateConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        run_validate(repo, branch, ValidateConfig.model_validate(config), ingest_commit)
+        run_stage(run_validate, repo, branch, ingest_commit, ValidateConfig.model_validate(config))
     assert not repo.diff(ingest_commit, branch) and not list(repo.list(branch, "filtered/"))
 
 
 def test_validate_needs_an_ingest_report(tmp_path: Path) -> None:
     repo = open_repo(str(tmp_path / "repo"))
     with pytest.raises(ValidateConfigError, match="has no reports/ingest.json; run the ingest stage first"):
-        run_validate(repo, "main", ValidateConfig(), repo.resolve("main"))
+        run_stage(run_validate, repo, "main", repo.resolve("main"), ValidateConfig())
 
 
 def test_unknown_rule_names_fail_when_the_config_is_built() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from training.lineage import LINEAGE_BRANCH, LineageWriter, checkpoint_record_path
+from formats.layout import LINEAGE_BRANCH, checkpoint_record_path
+from training.lineage import LineageWriter
 from training.stability import SpikeDetector
 from versioning import TransientError
 from versioning.local import LocalRepo

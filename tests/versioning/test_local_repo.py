@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -292,10 +293,18 @@ def test_one_instance_is_safe_across_threads(local: LocalRepo):
         assert local.get(f"thread-{i}", f"t{i}/9") == f"{i}:9".encode()
 
 
-def test_created_times_never_go_backwards(local: LocalRepo):
+def test_created_times_never_go_backwards(local: LocalRepo, monkeypatch):
+    """A commit is never older than its parent, even when the clock steps back between the two
+    (NTP, or another machine writing to the same repository), so log order stays child-first."""
+    from versioning.local import repo as local_repo
+
+    clock = [2_000_000_000.0]
+    monkeypatch.setattr(local_repo, "time", SimpleNamespace(time=lambda: clock[0]))
     local.put("main", "a", b"a")
     first = local.commit("main", "a")
+    clock[0] -= 3600.0  # the clock steps back an hour
     second = local.commit("main", "b", allow_empty=True)
+    assert first.created == 2_000_000_000.0
     assert second.created >= first.created
 
 

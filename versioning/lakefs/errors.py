@@ -22,7 +22,15 @@ from lakefs.exceptions import ServerException
 from pydantic import ValidationError
 
 from versioning.lakefs.config import ACCESS_KEY_ENV, SECRET_KEY_ENV, LakeFSConfigError
-from versioning.port import Conflict, InvalidPath, NoChanges, NotFound, RepoError, TransientError
+from versioning.port import (
+    Conflict,
+    HookFailed,
+    InvalidPath,
+    NoChanges,
+    NotFound,
+    RepoError,
+    TransientError,
+)
 
 log = logging.getLogger("versioning.lakefs")
 T = TypeVar("T")
@@ -155,6 +163,8 @@ class ErrorMapper:
             return NoChanges(f"cannot {action}: no changes ({where})")
         if status == 409:
             return ConflictFound(f"cannot {action}: {reason} ({where})")
+        if status == 412 and "hook" in lowered:  # a pre-merge (or pre-commit) action refused
+            return HookFailed(f"cannot {action}: {reason} ({where})")
         if status == 412 or (
             status == 400 and ("dirty branch" in lowered or "uncommitted changes" in lowered)
         ):

@@ -42,6 +42,7 @@ from typing import BinaryIO
 
 from versioning.diskspace import DiskFull
 from versioning.local import graph, trees
+from versioning.local.actions import MergeEvent, check_pre_merge
 from versioning.local.db import Database
 from versioning.local.objects import ObjectStore
 from versioning.port import (
@@ -300,10 +301,15 @@ class LocalRepo:
     ) -> str:
         validate_branch(destination)
         metadata = validate_metadata(metadata)
+        # lakeFS Actions: pre-merge hooks in the source's _lakefs_actions/ may refuse (local/actions.py)
+        event = MergeEvent(self.resolve(source), destination, self.resolve(destination), message, metadata)
+        hooks_ran = check_pre_merge(self, event)
         with self._db.write() as conn:
             ours = self._commit(conn, self._branch_head(conn, destination))
             self._require_clean(conn, destination, ours.tree, "merging into it")
             theirs = self._commit(conn, self._resolve(conn, source))
+            if hooks_ran and (theirs.id, ours.id) != (event.source_commit, event.destination_head):
+                raise Conflict(f"{source!r} or {destination!r} moved while the pre-merge hooks ran; merge again")
             base_id = graph.merge_base(conn, ours.id, theirs.id)
             base_tree = self._commit(conn, base_id).tree if base_id else trees.EMPTY_TREE
             changes, conflicts = trees.three_way(conn, base_tree, ours.tree, theirs.tree)

@@ -1,14 +1,22 @@
-"""Great Expectations gates: run the JSON suites of ``expectations/`` on what a stage wrote,
-render Data Docs, and turn failures into one readable message.
+"""Great Expectations gates, one runner for every stage: the JSON suites of ``expectations/`` run
+as one GX Checkpoint per stage on what the stage wrote, Data Docs updated by the Checkpoint's
+``UpdateDataDocsAction``, failures turned into one readable message.
 
-GX is imported inside :func:`run_gate` (importing it costs seconds). Each check validates one
-pandas frame against one suite in an ephemeral context; ``{"$PARAMETER": name}`` values in a
-suite are filled from the check's parameters (the stage's config), so the JSON stays the
-single description of what is checked.
+GX is imported inside :func:`run_gate` (importing it costs seconds). Each :class:`GateCheck` is
+one frame and one suite: the frame is written to a Parquet file and becomes one Validation
+Definition of the stage's Checkpoint. ``{"$PARAMETER": name}`` values in a suite are filled
+from the checks' parameters (the stage's config), so the JSON stays the single description of
+what is checked.
+
+A run is filed under a name that says what it checked: ``<stage>-<input commit>-all-<n>`` or,
+when the documents were more than the gate reads, ``<stage>-<input commit>-sample-<k>-of-<n>``.
+The same words are in the report (``expectations.coverage``) and in the suites' notes on the
+Data Docs pages, so nobody mistakes a sample for full coverage.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import shutil
@@ -16,18 +24,24 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field
 
 from expectations import load_suite
-from tasks.io import StageReport, clear_prefix, put_json
+from formats import layout
+from tasks.parts import clear_prefix, put_json
 from versioning import DataRepo
+
+if TYPE_CHECKING:
+    from tasks.stage import StageReport
 
 GATE_TEXT_CHARS = 100  # the frame holds the start of each text; ``text_chars`` its full length
 DOCS_SITE = "tokenlake"
+ROW = "__row__"  # the frame's index: the check's index columns as JSON, named in failure messages
 STATS_SCHEMA = pa.schema(
     [("source", pa.string()), ("rule", pa.string())]
     + [(c, pa.int64()) for c in ("documents_in", "kept", "quarantined", "accounted", "removed")]
@@ -39,8 +53,11 @@ _EXPECTED = {
     "expect_column_pair_values_to_be_equal": "{column_A} == {column_B} on every row",
     "expect_column_pair_values_a_to_be_greater_than_b": "{column_A} >= {column_B} on every row",
     "expect_column_values_to_be_between": "values between {min_value} and {max_value}",
+    "expect_column_sum_to_be_between": "a sum between {min_value} and {max_value}",
     "expect_column_values_to_be_in_set": "values in {value_set}",
+    "expect_column_values_to_match_regex": "values matching {regex}",
     "expect_column_distinct_values_to_contain_set": "every one of {value_set} present",
+    "expect_column_unique_value_count_to_be_between": "between {min_value} and {max_value} distinct values",
     "expect_table_columns_to_match_set": "columns {column_set}",
     "expect_column_values_to_be_of_type": "type {type_}",
     "expect_column_value_lengths_to_equal": "length {value}",
@@ -49,8 +66,24 @@ _EXPECTED = {
 }
 
 
-class GateFailed(RuntimeError):
-    """A stage's output broke its expectations; the message lists each failed expectation."""
+class GateSettings(BaseModel):
+    """What every stage's Great Expectations gate has: on or off, and how many documents it reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    max_rows: int = Field(
+        default=200_000,
+        ge=1,
+        description="Documents checked: all below this, else the bottom-k sample by id.",
+    )
+
+
+class ExpectationsFailed(RuntimeError):
+    """A stage's output broke its expectation suites; the message lists each failed expectation.
+
+    (The curate flow's own publish gates failing is :class:`flows.curate.PublishRefused`.)
+    """
 
 
 @dataclass
@@ -63,11 +96,50 @@ class GateCheck:
     index_columns: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Coverage:
+    """How much of a stage's output its gate read: all of it, or a sample."""
+
+    checked: int
+    total: int
+    unit: str = "documents"
+
+    @classmethod
+    def everything(cls, total: int, unit: str) -> Coverage:
+        return cls(total, total, unit)
+
+    @property
+    def sampled(self) -> bool:
+        return self.checked < self.total
+
+    def sentence(self) -> str:
+        if self.sampled:
+            return (
+                f"checked a sample of {self.checked:,} of {self.total:,} {self.unit} "
+                "(those with the smallest ids), not all of them"
+            )
+        return f"checked all {self.total:,} {self.unit}"
+
+    def run_name_part(self) -> str:
+        return f"sample-{self.checked}-of-{self.total}" if self.sampled else f"all-{self.total}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sampled": self.sampled,
+            "documents_checked": self.checked,
+            "documents_total": self.total,
+            "unit": self.unit,
+            "coverage": self.sentence(),
+        }
+
+
 @dataclass
 class GateOutcome:
     success: bool
     suites: list[dict[str, Any]]
     failures: list[str]
+    run_name: str
+    coverage: Coverage
     docs_dir: str | None = None
 
     @property
@@ -76,26 +148,35 @@ class GateOutcome:
 
     def summary(self) -> str:
         names = ", ".join(s["suite"] for s in self.suites)
-        if self.success:
-            return f"passed {self.evaluated}/{self.evaluated} expectations ({names})"
-        return f"failed {len(self.failures)}/{self.evaluated} expectations ({names})"
+        verdict = (
+            f"passed {self.evaluated}/{self.evaluated}"
+            if self.success
+            else f"failed {len(self.failures)}/{self.evaluated}"
+        )
+        return f"{verdict} expectations ({names}); {self.coverage.sentence()}"
 
     def metadata(self) -> dict[str, str]:
         """What the stage commit carries about its gate."""
-        return {"gate": "passed" if self.success else "failed", "gate_summary": self.summary()}
+        return {
+            "gate": "passed" if self.success else "failed",
+            "gate_summary": self.summary(),
+            "gate_run": self.run_name,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "success": self.success,
             "summary": self.summary(),
+            "run_name": self.run_name,
             "failures": self.failures,
             "suites": self.suites,
+            **self.coverage.to_dict(),
         }
 
     def raise_if_failed(self, stage: str) -> None:
         if not self.success:
             where = f"; Data Docs: {self.docs_dir}/index.html" if self.docs_dir else ""
-            raise GateFailed(
+            raise ExpectationsFailed(
                 f"{stage} gate {self.summary()}{where}:\n" + "\n".join(f"- {f}" for f in self.failures)
             )
 
@@ -105,12 +186,20 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: v.item() if isinstance(v, np.generic) else str(v)))
 
 
+def _named_row(entry: Any) -> Any:
+    """A failing row as GX reports it, with the frame's index turned back into its columns."""
+    if isinstance(entry, dict) and ROW in entry:
+        return {k: v for k, v in entry.items() if k != ROW} | json.loads(entry[ROW])
+    return entry
+
+
 def _observed(result: dict[str, Any]) -> str:
     if result.get("unexpected_count"):
         rows = result.get("partial_unexpected_index_list") or result.get("partial_unexpected_list") or []
+        examples = [_named_row(row) for row in rows[:3]]
         return (
             f"{result['unexpected_count']} of {result.get('element_count')} rows unexpected, "
-            f"e.g. {json.dumps(_plain(rows[:3]))}"
+            f"e.g. {json.dumps(_plain(examples))}"
         )
     if result.get("partial_missing_list"):
         return f"missing {result['partial_missing_list']}"
@@ -133,56 +222,100 @@ def _describe(validation: dict[str, Any], suite: str) -> tuple[dict[str, Any], s
         "success": bool(validation["success"]),
         "observed": observed,
         "kwargs": _plain(kwargs),
+        "meta": _plain(config.get("meta") or {}),
     }
     if entry["success"]:
         return entry, None
+    why = (config.get("meta") or {}).get("why")
     template = _EXPECTED.get(config["type"])
     try:
         expected = template.format(**kwargs) if template else json.dumps(entry["kwargs"])
     except KeyError:
         expected = json.dumps(entry["kwargs"])
-    return entry, f"{suite}: {config['type']}({target}): observed {observed}; expected {expected}"
+    because = f" ({why})" if why else ""
+    return entry, f"{suite}: {config['type']}({target}): observed {observed}; expected {expected}{because}"
 
 
-def run_gate(checks: Iterable[GateCheck], docs_dir: Path | None = None) -> GateOutcome:
-    """Validate every check; write Data Docs HTML under ``docs_dir`` when given."""
+def _parameters(checks: list[GateCheck]) -> dict[str, Any]:
+    """The checks' parameters as the one dict a Checkpoint takes (a name means one value)."""
+    merged: dict[str, Any] = {}
+    for check in checks:
+        for name, value in check.parameters.items():
+            if name in merged and merged[name] != value:
+                raise ValueError(f"gate parameter {name!r} has two values: {merged[name]!r} and {value!r}")
+            merged[name] = value
+    return merged
+
+
+def _write_frame(check: GateCheck, path: Path) -> None:
+    frame = check.frame.to_pandas()
+    if check.index_columns and check.frame.num_rows:
+        columns = [check.frame.column(c).to_pylist() for c in check.index_columns]
+        frame.index = [
+            json.dumps(dict(zip(check.index_columns, values, strict=True)), default=str)
+            for values in zip(*columns, strict=True)
+        ]
+        frame.index.name = ROW
+    frame.to_parquet(path)
+
+
+def run_gate(checks: Iterable[GateCheck], run_name: str, coverage: Coverage, docs_dir: Path | None = None) -> GateOutcome:
+    """Validate every check in one GX Checkpoint run named ``run_name``; with ``docs_dir``, its
+    ``UpdateDataDocsAction`` writes the Data Docs site there."""
     import great_expectations as gx
+    from great_expectations.checkpoint import UpdateDataDocsAction
+    from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
+    checks = list(checks)
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    actions = []
     if docs_dir is not None:
         context.add_data_docs_site(
             site_name=DOCS_SITE,
             site_config={
                 "class_name": "SiteBuilder",
-                "store_backend": {
-                    "class_name": "TupleFilesystemStoreBackend",
-                    "base_directory": str(docs_dir),
-                },
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
                 "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
             },
         )
-    datasource = context.data_sources.add_pandas("tokenlake")
+        actions.append(UpdateDataDocsAction(name="update_data_docs", site_names=[DOCS_SITE]))
+    with tempfile.TemporaryDirectory(prefix="tokenlake-gate-") as frames:
+        datasource = context.data_sources.add_pandas("tokenlake")
+        definitions = []
+        for check in checks:
+            path = Path(frames) / f"{check.suite}.parquet"
+            _write_frame(check, path)
+            batch = datasource.add_parquet_asset(check.suite, path=str(path)).add_batch_definition_whole_dataframe(
+                check.suite
+            )
+            stored = load_suite(check.suite)
+            # GX shows a suite's notes on its Data Docs page: what this run read comes first
+            notes = f"This run {coverage.sentence()}. {stored.pop('notes', '')}".strip()
+            suite = context.suites.add(gx.ExpectationSuite(**stored, notes=notes))
+            definitions.append(
+                context.validation_definitions.add(gx.ValidationDefinition(name=check.suite, data=batch, suite=suite))
+            )
+        checkpoint = context.checkpoints.add(
+            gx.Checkpoint(
+                name=run_name,
+                validation_definitions=definitions,
+                actions=actions,
+                result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5},
+            )
+        )
+        result = checkpoint.run(
+            expectation_parameters=_parameters(checks),
+            run_id=RunIdentifier(run_name=run_name, run_time=datetime.datetime.now(datetime.UTC)),
+        )
+    by_suite = {key.expectation_suite_identifier.name: value for key, value in result.run_results.items()}
     suites, failures = [], []
     for check in checks:
-        batch = datasource.add_dataframe_asset(check.suite).add_batch_definition_whole_dataframe(check.suite)
-        suite = context.suites.add(gx.ExpectationSuite(**load_suite(check.suite)))
-        definition = context.validation_definitions.add(
-            gx.ValidationDefinition(name=check.suite, data=batch, suite=suite)
-        )
-        result = definition.run(
-            batch_parameters={"dataframe": check.frame.to_pandas()},
-            expectation_parameters=check.parameters,
-            result_format={
-                "result_format": "SUMMARY",
-                "partial_unexpected_count": 5,
-                "unexpected_index_column_names": check.index_columns,
-            },
-        ).to_json_dict()
+        validated = by_suite[check.suite].to_json_dict()
         entries = []
-        for validation in result["results"]:
+        for validation in validated["results"]:
             entry, failure = _describe(validation, check.suite)
             entries.append(entry)
             if failure:
@@ -190,21 +323,19 @@ def run_gate(checks: Iterable[GateCheck], docs_dir: Path | None = None) -> GateO
         suites.append(
             {
                 "suite": check.suite,
-                "success": bool(result["success"]),
+                "success": bool(validated["success"]),
                 "evaluated": len(entries),
                 "rows": check.frame.num_rows,
                 "expectations": entries,
             }
         )
-    if docs_dir is not None:
-        context.build_data_docs(site_names=[DOCS_SITE])
-    return GateOutcome(not failures, suites, failures, str(docs_dir) if docs_dir else None)
+    return GateOutcome(not failures, suites, failures, run_name, coverage, str(docs_dir) if docs_dir else None)
 
 
 def publish_data_docs(repo: DataRepo, branch: str, stage: str, docs_dir: Path) -> list[str]:
     """Put the Data Docs pages (HTML, styles, favicon; not GX's unused images and fonts)
     under ``reports/data_docs/<stage>/`` on ``branch``."""
-    prefix = f"reports/data_docs/{stage}"
+    prefix = layout.data_docs_folder(stage)
     clear_prefix(repo, branch, prefix)
     paths = []
     for path in sorted(docs_dir.rglob("*")):
@@ -219,32 +350,26 @@ def gate_stage(
     repo: DataRepo,
     branch: str,
     report: StageReport,
+    input_commit: str,
     checks: list[GateCheck],
-    sample: DocumentSample,
-    max_rows: int,
+    coverage: Coverage,
 ) -> GateOutcome:
     """Run a stage's suites on what it wrote, put Data Docs under ``reports/``, and fail the
     stage on a failed gate (its report and Data Docs left uncommitted on the branch, for a
     person to read; the flow discards the branch)."""
     stage = report.stage
-    docs_dir = gate_docs_dir(stage)
-    outcome = run_gate(checks, docs_dir)
-    report.expectations = outcome.to_dict() | {
-        "sampled": sample.sampled,
-        "documents_checked": min(sample.total, max_rows),
-    }
+    docs_dir = Path(tempfile.mkdtemp(prefix=f"tokenlake-{stage}-docs-"))  # kept if the gate fails
+    run_name = f"{stage}-{input_commit[:12]}-{coverage.run_name_part()}"
+    outcome = run_gate(checks, run_name, coverage, docs_dir)
+    report.expectations = outcome.to_dict()
+    report.commit_metadata |= outcome.metadata()
     publish_data_docs(repo, branch, stage, docs_dir)
-    report.extra["data_docs"] = f"reports/data_docs/{stage}/index.html"
+    report.extra["data_docs"] = f"{layout.data_docs_folder(stage)}/index.html"
     if not outcome.success:
-        put_json(repo, branch, f"reports/{stage}.json", report.to_dict())
+        put_json(repo, branch, layout.report_path(stage), report.to_dict())
         outcome.raise_if_failed(stage)
     shutil.rmtree(docs_dir, ignore_errors=True)
     return outcome
-
-
-def gate_docs_dir(stage: str) -> Path:
-    """A fresh local folder for a stage's Data Docs (kept when the gate fails, so a person can open it)."""
-    return Path(tempfile.mkdtemp(prefix=f"tokenlake-{stage}-docs-"))
 
 
 class DocumentSample:
@@ -284,9 +409,8 @@ class DocumentSample:
         self._compact()
         return self._tables[0]
 
-    @property
-    def sampled(self) -> bool:
-        return self.total > self.max_rows
+    def coverage(self) -> Coverage:
+        return Coverage(min(self.total, self.max_rows), self.total, "documents")
 
 
 def stats_table(rows: list[dict[str, Any]]) -> pa.Table:

@@ -1,4 +1,4 @@
-"""RunChain: runs the stages of one curate run in order and decides which finished stages to reuse.
+"""StageRunner: runs the stages of one curate run in order and decides which finished stages to reuse.
 
 A stage's cache key is (stage, input commit id, stage-config hash) (:mod:`flows.caching`);
 ingest's input is the source files, fingerprinted. A cached result names the commit that
@@ -44,19 +44,10 @@ from flows.caching import (
 )
 from flows.params import CurateParams
 from flows.wap import ChainLink, PublishRecord, published_record, run_branch
-from tasks.io import StageResult
-from tasks.runtime import retry_transient
-from versioning import data_home, open_repo
-
-STAGES = ["ingest", "validate", "dedup", "shard", "mix"]
-
-
-IO_RETRIES: dict[str, Any] = {
-    "retries": 4,
-    "retry_delay_seconds": [1, 2, 4, 8],
-    "retry_jitter_factor": 0.5,
-    "retry_condition_fn": retry_transient,
-}
+from formats import layout
+from tasks.stage import StageResult
+from tasks.stage_task import IO_RETRIES, retry_transient
+from versioning import default_repo_spec, open_repo
 
 
 @task(name="advance-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -74,7 +65,7 @@ def register_process(flow_run_id: str) -> None:
 
 
 @dataclass
-class RunChain:
+class StageRunner:
     """One run between its stages: where it writes, what it reused, the chain of keys it publishes."""
 
     repo_spec: str
@@ -90,11 +81,11 @@ class RunChain:
     links: list[ChainLink] = field(default_factory=list)
 
     @classmethod
-    def start(cls, params: CurateParams) -> RunChain:
+    def start(cls, params: CurateParams) -> StageRunner:
         flow_run_id = str(get_run_context().flow_run.id)
         register_process(flow_run_id)
         return cls(
-            repo_spec=repository_spec(params.repository.spec),
+            repo_spec=params.repository.spec or default_repo_spec(),
             branch=run_branch(flow_run_id),
             flow_run_id=flow_run_id,
             results_dir=results_dir(params.repository.results),
@@ -106,7 +97,7 @@ class RunChain:
         """The run branch exists at ``head`` (main's head when the run started)."""
         self.previous = published_version_at(self.repo_spec, head)
         self.on_published_chain = self.previous is not None
-        self.progress = RunProgress(STAGES)
+        self.progress = RunProgress(layout.STAGES)
 
     @property
     def results(self) -> dict[str, StageResult]:
@@ -163,7 +154,7 @@ def plan_stage(
     cached = cached_stage_result(results, key)
     if published is not None and published.key == key:
         if cached is None or cached.commit_id != published.commit:
-            report = json.loads(repo.get(published.commit, f"reports/{stage}.json"))
+            report = json.loads(repo.get(published.commit, layout.report_path(stage)))
             seed_stage_result(results, key, StageResult(stage, published.commit, report))
         return key, "in-place"
     if cached is None:
@@ -171,8 +162,3 @@ def plan_stage(
     if commit_exists(repo, cached.commit_id) and repo.is_ancestor(repo.resolve(branch), cached.commit_id):
         return key, "fast-forward"
     return key, "refresh"
-
-
-def repository_spec(configured: str | None) -> str:
-    """The repository a run uses: configured, else ``$TOKENLAKE_REPO``, else ``<data home>/repo``."""
-    return configured or os.environ.get("TOKENLAKE_REPO") or str(data_home() / "repo")

@@ -1,0 +1,100 @@
+"""The Prefect side of every stage: the retry policy, the logger, the table artifact, and
+:func:`run_stage_task`, the body of each thin ``<stage>_task``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefect.artifacts import create_table_artifact
+from prefect.context import TaskRunContext
+from prefect.logging import get_run_logger
+
+from tasks.stage import StageFunction, StageResult, run_stage
+from versioning import TransientError, open_repo
+
+
+def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry storage hiccups only, never bad input, a misconfiguration or a failed gate."""
+    try:
+        state.result()
+    except (TransientError, ConnectionError, TimeoutError):
+        return True
+    except BaseException:
+        return False
+    return False
+
+
+# every task that talks to the repository (stages, branch and publish tasks): exponential
+# backoff with jitter, so many runs retrying one lakeFS do not retry in step
+IO_RETRIES: dict[str, Any] = {
+    "retries": 4,
+    "retry_delay_seconds": [1, 2, 4, 8],
+    "retry_jitter_factor": 0.5,
+    "retry_condition_fn": retry_transient,
+}
+
+
+def stage_logger(name: str) -> logging.Logger | logging.LoggerAdapter:
+    """The Prefect run logger inside a task run; the module's logger when called as ``task.fn``."""
+    return get_run_logger() if TaskRunContext.get() else logging.getLogger(name)
+
+
+def _cells(stats: dict[str, Any]) -> dict[str, Any]:
+    """A source's report entry as table cells: rejected by reason, scalars, lists joined."""
+    cells: dict[str, Any] = {}
+    for key, value in stats.items():
+        if key == "rejected":
+            cells |= {f"rejected_{reason}": n for reason, n in sorted(value.items())}
+        elif isinstance(value, list):
+            cells[key] = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+        elif not isinstance(value, dict):
+            cells[key] = value
+    return cells
+
+
+def stage_table(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per source (its counts and facts) and a total: documents in, kept, rejected by
+    reason, tokens, seconds."""
+    rows = [{"source": name, **_cells(stats)} for name, stats in sorted(report["per_source"].items())]
+    total = {"documents_in": report["documents_in"], "kept": report["kept"], "rejected": report["rejected"]}
+    rows.append(
+        {"source": "(all)", **_cells(total), "tokens": report["tokens"], "seconds": round(report["seconds"], 2)}
+    )
+    return rows
+
+
+def run_stage_task(
+    run: StageFunction,
+    repo_spec: str,
+    branch: str,
+    input_commit: str,
+    config: Any,
+    flow_run_id: str | None,
+    **options: Any,
+) -> StageResult:
+    """What a ``<stage>_task`` does: run the stage and commit it (:func:`tasks.stage.run_stage`),
+    log what it did, leave its table artifact."""
+    log = stage_logger(run.__module__)
+    log.info("%s: input commit %s onto branch %s", run.__name__, input_commit, branch)
+    result = run_stage(run, open_repo(repo_spec), branch, input_commit, config, flow_run_id, **options)
+    report = result.report
+    gate = (report["expectations"] or {}).get("summary", "none")
+    log.info(
+        "%s: kept %s of %s, rejected %s%s; gate %s; %.1f s; commit %s",
+        result.stage,
+        report["kept"],
+        report["documents_in"],
+        report["rejected"],
+        f"; {report['note']}" if report["note"] else "",
+        gate,
+        report["seconds"],
+        result.commit_id,
+    )
+    if TaskRunContext.get() is not None:  # ``task.fn`` leaves no artifact
+        create_table_artifact(
+            table=stage_table(report),
+            key=f"{result.stage}-stage",
+            description=f"{result.stage} stage, commit {result.commit_id}",
+        )
+    return result

@@ -1,0 +1,24 @@
+"""CurateParams keys: the validate stage's section is ``[validation]``; ``[filters]``, its name
+before, still loads (old TOML files and saved deployment parameters)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.params import CurateParams
+
+
+@pytest.mark.parametrize("section", ["validation", "filters"])
+def test_the_validate_section_loads_under_its_name_and_its_old_name(tmp_path, section):
+    config = tmp_path / "curate.toml"
+    config.write_text(f"[{section}]\nbatch_rows = 7\n\n[{section}.langid]\nenabled = false\n")
+    params = CurateParams.from_toml(config)
+    assert params.validation.batch_rows == 7 and params.validation.langid.enabled is False
+    assert CurateParams.model_validate(params.model_dump(mode="json")) == params, "a dump loads back"
+
+
+def test_an_unknown_section_is_named_in_one_sentence(tmp_path):
+    config = tmp_path / "curate.toml"
+    config.write_text("[filterz]\nbatch_rows = 7\n")
+    with pytest.raises(ValueError, match=r"curate.toml: filterz: Extra inputs are not permitted"):
+        CurateParams.from_toml(config)
