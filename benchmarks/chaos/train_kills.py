@@ -47,10 +47,10 @@ from typing import Any
 import torch  # noqa: E402
 from common import ROOT, alive, children, kill_tree, machine, wait_gone, write_results
 
+from formats.layout import LINEAGE_BRANCH, checkpoint_record_path  # noqa: E402
 from tests.training.helpers import make_config, make_dataset, newest_durable_step, torchrun_command  # noqa: E402
 from training.checkpoint import step_dir_name  # noqa: E402
 from training.config import CheckpointConfig, TrainConfig  # noqa: E402
-from training.lineage import LINEAGE_BRANCH, checkpoint_record_path  # noqa: E402
 from training.metrics import read_metrics  # noqa: E402
 from versioning.local import LocalRepo  # noqa: E402
 

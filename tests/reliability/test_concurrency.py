@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prefect.settings import PREFECT_API_URL
 
-from flows.rollback_core import plan_rollback, restore_main
+from flows.restore import plan_rollback, restore_main
 from flows.wap import (
     MAIN,
     PUBLISH_LOCK_BRANCH,

@@ -21,12 +21,14 @@ import textwrap
 
 import pytest
 
-from tasks.shard.stage import run_shard_stage
-from tests.tasks.test_shard_stage import SMALL, build_dedup_repo, run_stage
+from formats.layout import LINEAGE_BRANCH, checkpoint_record_path
+from tasks.shard.stage import run_shard
+from tasks.stage import run_stage
+from tests.tasks.test_shard_stage import SMALL, build_dedup_repo, shard_on_branch
 from tests.training.helpers import ROOT, make_config, make_dataset, torchrun_command
 from training.checkpoint import newest_valid
 from training.config import CheckpointConfig
-from training.lineage import LINEAGE_BRANCH, LineageWriter, checkpoint_record_path
+from training.lineage import LineageWriter
 from training.metrics import read_metrics
 from training.trainer import train
 from versioning import DiskFull
@@ -124,7 +126,7 @@ def test_a_shard_write_on_a_full_disk_fails_the_stage_and_a_rerun_succeeds(tmp_p
 
     monkeypatch.setattr("formats.shards.ShardWriter.write", disk_full)
     with pytest.raises(DiskFull) as full:
-        run_stage(repo, input_commit, "curate-full")
+        shard_on_branch(repo, input_commit, "curate-full")
     message = str(full.value)
     assert message.startswith("no space left to write the shards of source ") and "it needs " in message
     work = message.split(" to ", 1)[1].split(":", 1)[0]
@@ -133,8 +135,8 @@ def test_a_shard_write_on_a_full_disk_fails_the_stage_and_a_rerun_succeeds(tmp_p
     assert not any(s.path.startswith("shards/") and s.path.endswith(".bin") for s in repo.list("curate-full"))
 
     monkeypatch.undo()  # room again
-    again = run_shard_stage(repo, "curate-full", SMALL, input_commit, flow_run_id="test-run")
-    clean = run_stage(repo, input_commit, "curate-clean")
+    again = run_stage(run_shard, repo, "curate-full", input_commit, SMALL, flow_run_id="test-run")
+    clean = shard_on_branch(repo, input_commit, "curate-clean")
     assert repo.get(again.commit_id, "shards/manifest.json") == repo.get(clean.commit_id, "shards/manifest.json")
     assert repo.resolve("main") == main
 
@@ -147,7 +149,8 @@ def test_a_lineage_record_that_does_not_fit_is_not_queued_and_is_written_with_ro
         """
         import sys
         from pathlib import Path
-        from training.lineage import LineageWriter, checkpoint_record_path
+        from formats.layout import checkpoint_record_path
+        from training.lineage import LineageWriter
         from versioning import DiskFull
         writer = LineageWriter(lambda: None, "r", Path(sys.argv[1]))
         try:

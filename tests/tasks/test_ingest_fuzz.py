@@ -32,13 +32,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks.ingest import (
-    ConfigError,
     IngestConfig,
     SourceConfig,
     check_source,
     ingest_partition,
     plan_partitions,
 )
+from tasks.stage import ConfigError
 
 LONG_RUN = int(os.environ.get("TOKENLAKE_FUZZ_EXAMPLES", "0"))
 settings.register_profile(
