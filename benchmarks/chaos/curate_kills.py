@@ -12,7 +12,10 @@ local repository, a Prefect API server started for the campaign.
   path outside ``reports/``: documents, quarantine, tokenizer, shards, manifest, mix) and
   their sha256s.
 * Each trial: a fresh repository; ``tokenlake curate`` is SIGKILLed at a random moment of its
-  run (uniform over the reference run's duration); odd trials kill the whole process tree
+  run. The aim cycles: any moment (uniform over the reference run's duration), or a random
+  moment of one stage (validate, dedup, shard, mix) or of the publish (gates, lock, merge,
+  tag): from the event that starts it (the previous stage's commit on the run branch) plus a
+  uniform delay over that stage's duration in the reference run. Odd trials kill the whole process tree
   (as a container kill does), even trials the main process only (as the OOM killer does; its
   worker processes are orphaned). Then ``tokenlake curate`` again, then
   ``tokenlake janitor --max-age 0``.
@@ -102,10 +105,14 @@ def where_it_died(repo: LocalRepo, main_before_rerun: str, initial: str) -> str:
     return STAGES[done] if done < len(STAGES) else "gates and publish"
 
 
+AIMS = ("any moment", "validate", "dedup", "shard", "mix", "publish")
+
+
 @dataclass
 class Trial:
     number: int
     mode: str
+    aimed_at: str
     after_s: float = 0.0
     landed_in: str = ""
     orphans_left: int = 0
@@ -122,7 +129,15 @@ def repo_dir(home: Path) -> Path:
     return home / "repo"
 
 
-def reference(args: argparse.Namespace, config: Path, env: dict[str, str], work: Path) -> tuple[float, dict[str, str], str]:
+@dataclass(frozen=True)
+class Reference:
+    seconds: float
+    content: dict[str, str]
+    tag: str
+    windows: dict[str, float]  # aim -> seconds from its start event to its end, in the reference run
+
+
+def reference(config: Path, env: dict[str, str], work: Path) -> Reference:
     home = work / "reference"
     env = {**env, "TOKENLAKE_HOME": str(home)}
     started = time.monotonic()
@@ -131,11 +146,48 @@ def reference(args: argparse.Namespace, config: Path, env: dict[str, str], work:
     if out.returncode != 0:
         raise SystemExit(f"the reference run failed; see {work / 'reference.log'}")
     repo = LocalRepo(repo_dir(home))
-    return seconds, content(repo, MAIN), json.loads(out.stdout)["tag"]
+    created = {c.metadata.get("stage"): c.created for c in repo.log(MAIN)}
+    # a stage runs from the previous stage's commit to its own; the publish from mix's commit to the merge
+    windows = {
+        stage: max(created[stage] - created[previous], 0.05)
+        for previous, stage in zip(STAGES, [*STAGES[1:], "publish"], strict=True)
+    }
+    return Reference(seconds, content(repo, MAIN), json.loads(out.stdout)["tag"], windows)
 
 
-def run_trial(trial: Trial, args, config: Path, env: dict[str, str], work: Path, duration: float,
-              expected: dict[str, str], rng: random.Random) -> bool:  # fmt: skip
+def wait_for_stage(repo_path: Path, stage: str, process: subprocess.Popen) -> bool:
+    """Until a run branch's head is ``stage``'s commit (True), or the run ends (False)."""
+    repo = None
+    while process.poll() is None:
+        try:
+            repo = repo or (LocalRepo(repo_path) if (repo_path / "repo.db").exists() else None)
+            if repo and any(
+                b.startswith(RUN_BRANCH_PREFIX) and repo.get_commit(h).metadata.get("stage") == stage
+                for b, h in repo.list_branches().items()
+            ):
+                return True
+        except Exception:  # the repository is being created
+            pass
+        time.sleep(0.005)
+    return False
+
+
+def aim(trial: Trial, ref: Reference, repo_path: Path, process: subprocess.Popen, rng: random.Random) -> None:
+    """Wait for a random moment of the trial's aim: the whole run, one stage, or the publish."""
+    started = time.monotonic()
+    if trial.aimed_at == "any moment":
+        deadline = started + rng.uniform(0, ref.seconds)
+    else:
+        previous = dict(zip([*STAGES[1:], "publish"], STAGES, strict=True))[trial.aimed_at]
+        if not wait_for_stage(repo_path, previous, process):
+            return
+        deadline = time.monotonic() + rng.uniform(0, ref.windows[trial.aimed_at])
+    while time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.002)
+
+
+def run_trial(trial: Trial, config: Path, env: dict[str, str], work: Path, ref: Reference,
+              rng: random.Random) -> bool:  # fmt: skip
     """One kill, a re-run, the janitor, the checks; False when the run ended before the kill."""
     home = work / f"trial-{trial.number:03d}"
     env = {**env, "TOKENLAKE_HOME": str(home)}
@@ -146,9 +198,7 @@ def run_trial(trial: Trial, args, config: Path, env: dict[str, str], work: Path,
     with log.open("ab") as f:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=f, stderr=f, start_new_session=True)
     started = time.monotonic()
-    delay = rng.uniform(0, duration)
-    while time.monotonic() - started < delay and process.poll() is None:
-        time.sleep(0.005)
+    aim(trial, ref, repo_dir(home), process, rng)
     if process.poll() is not None:
         watcher.stop()
         return False
@@ -186,7 +236,7 @@ def run_trial(trial: Trial, args, config: Path, env: dict[str, str], work: Path,
             trial.problems.append(why)
     if (count := publishes_on_main(repo)) != 1:
         trial.problems.append(f"main holds {count} publishes, not 1")
-    trial.problems += [f"published dataset: {d}" for d in differences(expected, content(repo, MAIN))]
+    trial.problems += [f"published dataset: {d}" for d in differences(ref.content, content(repo, MAIN))]
     trial.problems += duplicated_documents(repo, MAIN)
 
     janitor = tokenlake(["--repo", str(repo_dir(home)), "janitor", "--max-age", "0", "--json"], env, log)
@@ -214,23 +264,27 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         config = write_demo_config(work, args.code_mb, args.prose_mb)
         with prefect_server(work / "prefect") as env:
-            duration, expected, tag = reference(args, config, env, work)
-            print(f"reference: {duration:.1f} s, {len(expected)} objects published as {tag}", flush=True)
+            ref = reference(config, env, work)
+            windows = ", ".join(f"{k} {v:.1f} s" for k, v in ref.windows.items())
+            print(f"reference: {ref.seconds:.1f} s ({windows}), {len(ref.content)} objects published as {ref.tag}",
+                  flush=True)  # fmt: skip
             number = 0
             while len(trials) < args.kills:
-                trial = Trial(number, "tree" if number % 2 else "main-only")
+                trial = Trial(number, "tree" if number % 2 else "main-only", AIMS[len(trials) % len(AIMS)])
                 number += 1
-                if not run_trial(trial, args, config, env, work, duration, expected, rng):
+                if not run_trial(trial, config, env, work, ref, rng):
                     print(f"trial {trial.number}: the run ended before its kill; not counted", flush=True)
                     continue
                 trials.append(trial)
                 verdict = "ok" if trial.ok else "FAILED: " + "; ".join(trial.problems)
-                print(f"trial {trial.number} ({trial.mode}): killed after {trial.after_s} s in {trial.landed_in}; "
-                      f"re-run {trial.rerun_s} s; janitor removed {trial.janitor_removed}; {verdict}", flush=True)  # fmt: skip
+                print(f"trial {trial.number} ({trial.mode}, aimed at {trial.aimed_at}): killed after {trial.after_s} s "
+                      f"in {trial.landed_in}; re-run {trial.rerun_s} s; janitor removed {trial.janitor_removed}; "
+                      f"{verdict}", flush=True)  # fmt: skip
     ok = sum(t.ok for t in trials)
     landed = Counter(t.landed_in for t in trials)
-    summary = {"kills": len(trials), "ok": ok, "landed_in": dict(landed), "reference_seconds": round(duration, 1),
-               "published_objects": len(expected), "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+    summary = {"kills": len(trials), "ok": ok, "landed_in": dict(landed), "reference_seconds": round(ref.seconds, 1),
+               "reference_windows_s": {k: round(v, 2) for k, v in ref.windows.items()},
+               "published_objects": len(ref.content), "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
     path = write_results(
         "curate",
         {
@@ -245,7 +299,7 @@ def main() -> int:
     print(f"results: {path}")
     places = " ".join(f"{k.replace(' ', '_')}={v}" for k, v in sorted(landed.items()))
     print(f"chaos_curate: kills={len(trials)} ok={ok}/{len(trials)} landed[{places}] "
-          f"reference={duration:.0f}s seconds={summary['seconds']:.0f}")  # fmt: skip
+          f"reference={ref.seconds:.0f}s seconds={summary['seconds']:.0f}")  # fmt: skip
     return 0 if ok == len(trials) else 1
 
 

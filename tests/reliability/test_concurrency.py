@@ -24,11 +24,11 @@ from flows.wap import (
     PUBLISH_LOCK_BRANCH,
     MainMoved,
     PublishRecord,
-    open_run_branch,
     publish,
 )
 from tests.flows.curate_support import column, params_for, write_corpus
 from tests.flows.lineage_support import GOOD_SOURCES, publish_version
+from tests.flows.test_curate_publish import _run as gated_run_branch
 from tests.training.helpers import (
     ROOT,
     make_config,
@@ -42,21 +42,14 @@ from training.trainer import train
 from versioning.local import LocalRepo
 
 
-def run_branch_with(repo: LocalRepo, branch: str, files: dict[str, bytes]) -> str:
-    open_run_branch(repo, branch)
-    for path, data in files.items():
-        repo.put(branch, path, data)
-    return repo.commit(branch, "stage", {"stage": "mix"}).id
-
-
 def test_a_run_whose_main_moved_is_not_merged_and_names_the_publish_that_moved_it(tmp_path):
     repo = LocalRepo(tmp_path / "repo")
     repo.ensure()
-    a = run_branch_with(repo, "curate-a", {"shards/manifest.json": b"a", "reports/mix.json": b"1"})
-    b = run_branch_with(repo, "curate-b", {"shards/manifest.json": b"b", "extra.txt": b"only b"})
-    first = publish(repo, a, [], "flow-run-a", "gates")
+    a, a_chain = gated_run_branch(repo, "curate-a", {"shards/manifest.json": b"a", "mix.json": b"1"})
+    b, b_chain = gated_run_branch(repo, "curate-b", {"shards/manifest.json": b"b", "extra.txt": b"only b"})
+    first = publish(repo, a, a_chain, "flow-run-a", "gates")
     with pytest.raises(MainMoved) as moved:
-        publish(repo, b, [], "flow-run-b", "gates")
+        publish(repo, b, b_chain, "flow-run-b", "gates")
     assert str(moved.value) == (
         f"main moved while this run was curating: flow run flow-run-a published {first.tag} "
         f"(commit {first.commit_id[:12]}); nothing was merged, run curate again to build on it"
@@ -71,10 +64,10 @@ def test_a_publish_after_a_rollback_is_refused_naming_the_rollback(tmp_path):
     repo.ensure()
     v1 = publish_version(repo, "run-1", GOOD_SOURCES, seed=1)
     publish_version(repo, "run-2", GOOD_SOURCES, seed=2)
-    started = run_branch_with(repo, "curate-late", {"shards/manifest.json": b"built on run-2's version"})
+    started, chain = gated_run_branch(repo, "curate-late", {"shards/manifest.json": b"built on run-2's version"})
     restored = restore_main(repo, plan_rollback(repo, v1.tag), "flow-run-rollback")
     with pytest.raises(MainMoved, match=rf"flow run flow-run-rollback rolled it back \({restored.tag}"):
-        publish(repo, started, [], "flow-run-late", "gates")
+        publish(repo, started, chain, "flow-run-late", "gates")
     assert repo.resolve(MAIN) == restored.head and not repo.diff(v1.tag, MAIN)
 
 
