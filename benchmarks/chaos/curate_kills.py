@@ -20,8 +20,8 @@ local repository, a Prefect API server started for the campaign.
   worker processes are orphaned). Then ``tokenlake curate`` again, then
   ``tokenlake janitor --max-age 0``.
 * Checked per trial: every head ``main`` took (polled every few milliseconds throughout) is
-  the initial commit or a complete publish (a publish commit whose shards all match its
-  manifest); the re-run exits 0; ``main`` holds exactly one publish; its objects equal the
+  a complete publish (a publish commit whose shards all match its manifest) or holds no
+  dataset at all (the initial commit, the publish guard's installation); the re-run exits 0; ``main`` holds exactly one publish; its objects equal the
   reference's byte for byte; no stage output holds a document twice; after the janitor only
   ``main`` is left.
 
@@ -56,7 +56,7 @@ from curate_support import (
     write_demo_config,
 )
 
-from flows.wap import MAIN, PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX
+from flows.wap import MAIN, PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX, PublishRecord
 from versioning.local import LocalRepo
 
 STAGES = ("ingest", "validate", "dedup", "shard", "mix")
@@ -90,10 +90,10 @@ class MainWatcher:
         return self.heads
 
 
-def where_it_died(repo: LocalRepo, main_before_rerun: str, initial: str) -> str:
+def where_it_died(repo: LocalRepo) -> str:
     """The part of the run a kill landed in, read off the repository after it."""
     branches = repo.list_branches()
-    if main_before_rerun != initial:
+    if PublishRecord.from_commit(repo.get_commit(branches[MAIN])) is not None:
         return "after the merge into main"
     if PUBLISH_LOCK_BRANCH in branches:
         return "publish"
@@ -217,8 +217,7 @@ def run_trial(trial: Trial, config: Path, env: dict[str, str], work: Path, ref: 
 
     repo = LocalRepo(repo_dir(home)) if (repo_dir(home) / "repo.db").exists() else None
     if repo:
-        initial = list(repo.log(MAIN))[-1].id
-        trial.landed_in = where_it_died(repo, repo.resolve(MAIN), initial)
+        trial.landed_in = where_it_died(repo)
     else:
         trial.landed_in = "startup"
 
@@ -230,9 +229,8 @@ def run_trial(trial: Trial, config: Path, env: dict[str, str], work: Path, ref: 
         trial.problems.append(f"the re-run failed with status {out.returncode} (see {log})")
         return True
     repo = LocalRepo(repo_dir(home))
-    initial = list(repo.log(MAIN))[-1].id
     for head in heads:
-        if why := fully_published(repo, head, initial):
+        if why := fully_published(repo, head):
             trial.problems.append(why)
     if (count := publishes_on_main(repo)) != 1:
         trial.problems.append(f"main holds {count} publishes, not 1")

@@ -24,7 +24,8 @@ from flows.wap import MAIN, PublishRecord
 from versioning import DataRepo, NotFound
 
 STAGE_OUTPUTS = ("raw/", "filtered/", "dedup/")
-VOLATILE = ("reports/",)  # stage reports hold timings, flow-run ids and Data Docs pages
+VOLATILE = ("reports/",)
+SETUP_PREFIXES = ("_lakefs_actions/", "_tokenlake/")  # the publish guard, installed on main before any publish  # stage reports hold timings, flow-run ids and Data Docs pages
 
 
 def write_demo_config(work: Path, code_mb: float, prose_mb: float) -> Path:
@@ -175,13 +176,18 @@ def duplicated_documents(repo: DataRepo, ref: str) -> list[str]:
     return problems
 
 
-def fully_published(repo: DataRepo, commit_id: str, initial: str) -> str:
-    """'' when ``commit_id`` is main's initial commit or a complete published version; else why not."""
-    if commit_id == initial:
-        return ""
+def fully_published(repo: DataRepo, commit_id: str) -> str:
+    """'' when ``commit_id`` is a complete published version, or holds no dataset at all (the
+    initial commit, the publish guard's installation); else why not."""
     commit = repo.get_commit(commit_id)
     if PublishRecord.from_commit(commit) is None:
-        return f"main at {commit_id[:12]}, a commit of stage {commit.metadata.get('stage')!r}, not a publish"
+        data = [s.path for s in repo.list(commit_id) if not s.path.startswith(SETUP_PREFIXES)]
+        if data:
+            return (
+                f"main at {commit_id[:12]}, a commit of stage {commit.metadata.get('stage')!r}, holds dataset "
+                f"objects ({data[0]}, ...) but is not a publish"
+            )
+        return ""
     try:
         manifest = json.loads(repo.get(commit_id, "shards/manifest.json"))
         repo.get(commit_id, "mix.json")
