@@ -34,6 +34,7 @@ import torch
 
 from training.errors import TrainingError
 from training.staging import HostStaging, StagedState
+from versioning.diskspace import disk_full_message, is_disk_full
 
 FORMAT_VERSION = 1
 COMPLETE = "COMPLETE"
@@ -64,11 +65,16 @@ class _HashingWriter:
         self.file = file
         self.digest = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None  # torch.save reports a failed write as a bare RuntimeError
 
     def write(self, data) -> int:
         self.digest.update(data)
         self.size += len(data) if isinstance(data, bytes) else memoryview(data).nbytes
-        return self.file.write(data)
+        try:
+            return self.file.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
 
     def flush(self) -> None:
         self.file.flush()
@@ -77,7 +83,12 @@ class _HashingWriter:
 def _write_file(path: Path, write: Callable[[_HashingWriter], None]) -> dict[str, Any]:
     with path.open("wb") as f:
         writer = _HashingWriter(f)
-        write(writer)
+        try:
+            write(writer)
+        except Exception:
+            if writer.error is not None:
+                raise writer.error from None  # the OSError itself (a full disk, say), not torch's wrapper
+            raise
         f.flush()
         os.fsync(f.fileno())
     return {"sha256": writer.digest.hexdigest(), "bytes": writer.size}
@@ -107,6 +118,37 @@ def write_checkpoint(
     final = directory / step_dir_name(step)
     tmp = directory / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        return _write_into(directory, final, tmp, step, tensors, meta, before_complete)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays, trusted or not
+        raise CheckpointError(
+            disk_full_message(f"checkpoint step {step} to", directory, payload_bytes(tensors))
+        ) from None
+
+
+def payload_bytes(tensors: dict[str, Any]) -> int:
+    """The bytes of every tensor in ``tensors``: about what a checkpoint of them takes on disk."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors.untyped_storage().nbytes()
+    if isinstance(tensors, dict):
+        return sum(payload_bytes(v) for v in tensors.values())
+    if isinstance(tensors, list | tuple):
+        return sum(payload_bytes(v) for v in tensors)
+    return 0
+
+
+def _write_into(
+    directory: Path,
+    final: Path,
+    tmp: Path,
+    step: int,
+    tensors: dict[str, Any],
+    meta: dict[str, Any],
+    before_complete: Callable[[], None] | None,
+) -> Path:
     tmp.mkdir()
     # One thread per payload file: hashing and writing release the GIL, so the optimizer state
     # (the largest file) no longer waits for the model's to finish.
@@ -338,6 +380,10 @@ class CheckpointManager:
         removed = []
         for c in checkpoints:
             if c.step not in keep and not c.meta.get("milestone"):
-                shutil.rmtree(c.path, ignore_errors=True)
+                # renamed first, so a crash half-way through the delete leaves a .trash-* directory
+                # (swept at the next start), never a step-* directory with files missing
+                trash = self.directory / f".trash-{c.path.name}-{os.getpid()}"
+                os.rename(c.path, trash)
+                shutil.rmtree(trash, ignore_errors=True)
                 removed.append(c.path)
         return removed

@@ -54,6 +54,7 @@ from training.lineage import LineageWriter
 from training.membudget import choose_micro_batch
 from training.metrics import (
     MetricsLog,
+    open_jsonl_for_append,
     peak_flops,
     peak_memory_mb,
     plot_run,
@@ -62,6 +63,7 @@ from training.metrics import (
     summary_table,
 )
 from training.model import GPT
+from training.runlock import RunBusy, RunLock
 from training.runstate import (
     WarmupCosine,
     autocast_dtype,
@@ -119,6 +121,7 @@ class Trainer:
         self.run_dir = config.run_dir()
         self.checkpoint_dir = self.run_dir / "checkpoints"
         self.accumulation = config.accumulation_steps(dist.world_size)
+        self.run_lock = self._lock_run()
         self.repo_spec = config.repo or default_repo_spec()
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -131,7 +134,7 @@ class Trainer:
         self._build_checkpointing()
         self.metrics: MetricsLog | None = None
         self.samples_log = (
-            (self.run_dir / f"samples-rank{dist.rank}-of-{dist.world_size}.jsonl").open("a")
+            open_jsonl_for_append(self.run_dir / f"samples-rank{dist.rank}-of-{dist.world_size}.jsonl")
             if config.log_samples
             else None
         )
@@ -293,6 +296,19 @@ class Trainer:
             return model
         return torch.compile(model, mode=perf.compile_mode)
 
+    def _lock_run(self) -> RunLock | None:
+        """Rank 0 holds the run; every rank refuses together when another trainer has it."""
+        lock, refusal = None, None
+        if self.dist.is_main:
+            try:
+                lock = RunLock(self.run_dir, self.cfg.run, self.cfg.flow_run_id).acquire()
+            except RunBusy as exc:
+                refusal = str(exc)
+        refusal = self.dist.broadcast(refusal)
+        if refusal:
+            raise RunBusy(refusal)
+        return lock
+
     def _parallelize(self, model: GPT) -> torch.nn.Module:
         """FSDP2 shards ``model`` in place (blocks, then the root); DDP and compile wrap it.
         ``raw_model`` stays the module whose state dicts are checkpointed."""
@@ -409,6 +425,11 @@ class Trainer:
             )
         self._load(info)
         self.say(f"resumed from {info.path.name} (step {self.progress.step}, {self.progress.tokens} tokens)")
+        if self.lineage:
+            # A kill between a checkpoint's COMPLETE and the queueing of its lineage record
+            # loses the record, and the newest checkpoint is the one that can be affected: queue
+            # it again (the same bytes, so the commit is a no-op when it was written).
+            self._record_checkpoint(info)
         if changed:
             event = {
                 "step": self.progress.step,
@@ -637,27 +658,41 @@ class Trainer:
         return self._finish()
 
     def close(self) -> None:
-        """Stop the loader, finish a save in flight, give queued lineage a last try (also after an error)."""
+        """Stop the loader, finish a save in flight, give queued lineage a last try (also after an error).
+
+        The DDP wrapper goes first, while the process group is still registered: its C++
+        reducer holds the group, and if the reducer were the group's last owner, the group's
+        destructor would run under the GIL and wait for a gloo worker thread that needs the
+        GIL to free a finished collective's tensors (a hang at exit, found by the chaos
+        campaign). Freed here, the group is destroyed later by ``destroy_process_group``,
+        whose binding lets go of the GIL first."""
+        self.ddp = None
+        self.model = self.raw_model
         self.loader.close()
         if self.samples_log:
             self.samples_log.close()
             self.samples_log = None
         if self.dist.is_main:
-            draining = time.perf_counter()
-            self.checkpoints.close()
-            if self.metrics:  # the last save's writing, after the last step: not step time
-                self.metrics.write(
-                    {
-                        "kind": "checkpoint_drain",
-                        "ms": 1000 * (time.perf_counter() - draining),
-                        "time": time.time(),
-                    }
-                )
-                self.metrics.close()
-                self.metrics = None
-            if self.lineage:
-                self.lineage.close()
-                self.lineage = None
+            try:
+                draining = time.perf_counter()
+                self.checkpoints.close()
+                if self.metrics:  # the last save's writing, after the last step: not step time
+                    self.metrics.write(
+                        {
+                            "kind": "checkpoint_drain",
+                            "ms": 1000 * (time.perf_counter() - draining),
+                            "time": time.time(),
+                        }
+                    )
+                    self.metrics.close()
+                    self.metrics = None
+                if self.lineage:
+                    self.lineage.close()
+                    self.lineage = None
+            finally:
+                if self.run_lock:
+                    self.run_lock.release()
+                    self.run_lock = None
 
     def _finish(self) -> TrainResult:
         self.close()
