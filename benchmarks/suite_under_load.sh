@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test suite under load: `./dev test` N times in a row (default 3) while two CPU burners
+# The whole test suite under load: `./dev test --all` N times in a row (default 3) while two CPU burners
 # (`yes > /dev/null`) run beside it, as on a loaded CI machine. Stops at the first red run.
-#   benchmarks/suite_under_load.sh [RUNS] [extra ./dev test arguments...]
+#   benchmarks/suite_under_load.sh [RUNS] [extra pytest arguments...]
 # Prints one line per run and a summary; writes benchmarks/results/suite_under_load.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ results=()
 passed=0
 for i in $(seq 1 "$runs"); do
   start=$(date +%s)
-  ./dev test -p no:cacheprovider "$@" > "$logdir/run-$i.log" 2>&1
+  ./dev test --all -p no:cacheprovider "$@" > "$logdir/run-$i.log" 2>&1
   rc=$?
   seconds=$(( $(date +%s) - start ))
   summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$logdir/run-$i.log" | tail -1 | tr -d '=' | xargs)
