@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from flows.cli import main as tokenlake
 from flows.lineage import describe_data, read_lineage
 from flows.restore import AlreadyRestored, plan_rollback, restore_main
 from flows.taint import find_tainted, mark_tainted, plan_or_marks, rollback_record
@@ -67,19 +68,27 @@ def test_a_rollback_whose_record_was_never_written_is_known_by_its_tag(backend):
     assert _reverted(repo, v2.commit_id, v1.commit_id, restored.head) == {v2.commit_id: restored.tag}
 
 
-def test_restoring_or_republishing_the_same_content_makes_it_good_again(backend):
-    repo, _ = backend
+def test_restoring_or_republishing_the_same_content_makes_it_good_again(backend, capsys):
+    repo, spec = backend
     v1 = publish_version(repo, "run-1", GOOD_SOURCES, seed=1)
     v2 = publish_version(repo, "run-2", BAD_SOURCES, seed=2)
     v3 = publish_version(repo, "run-3", BAD_SOURCES, seed=3)
+    write_checkpoint_records(repo, "on-v2", v2.commit_id, [0])
     first = _roll_back(repo, v1.tag, "flow-1")
     assert _reverted(repo, v2.commit_id, v3.commit_id) == {v2.commit_id: first.tag, v3.commit_id: first.tag}
+    assert read_lineage(repo).find("on-v2", 0).marked
 
     # rolling back to v2 rolls back past the first rollback: v2 is good again, v3 is not
     second = _roll_back(repo, v2.tag, "flow-2")
     assert repo.diff(v2.tag, MAIN) == []
     judged = _reverted(repo, v1.commit_id, v2.commit_id, v3.commit_id, first.head, second.head)
     assert judged == {v3.commit_id: second.tag}, "first.head holds v1's content, which v2 contains"
+    on_v2 = read_lineage(repo).find("on-v2", 0)
+    assert not on_v2.tainted and [m.rollback for m in on_v2.taints] == [first.tag], "the mark stays, as history"
+    capsys.readouterr()
+    assert tokenlake(["--repo", spec, "lineage", "on-v2@0"]) == 0
+    shown = capsys.readouterr().out
+    assert f"marked       by {first.tag}" in shown and "good again" in shown and "TAINTED" not in shown
 
     # publishing v3's exact content again makes v3 good again; a different version would not
     v4 = publish_version(repo, "run-4", BAD_SOURCES, seed=3)
