@@ -32,7 +32,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -190,15 +190,14 @@ def read_lineage(repo: DataRepo, run: str | None = None, select: StepSelector | 
     wanted = [*checkpoint_paths.values(), *taint_paths.values(), *event_paths, *rollback_paths]
     body = dict(zip(wanted, read_json_objects(repo, commit, wanted), strict=True))
 
-    rollbacks = sorted((body[p] for p in rollback_paths), key=lambda r: r.get("created", 0.0))
-    history = RecordedRollbacks.read(repo, recorded=rollbacks)
-    records = {key: body[p] for key, p in sorted(checkpoint_paths.items())}
-    verdicts = history.verdicts(str((r.get("data") or {}).get("commit", "")) for r in records.values())
     marks = {key: [TaintMark(**mark) for mark in body[p].get("marks", [])] for key, p in taint_paths.items()}
     checkpoints = [
-        CheckpointRecord.from_record(r, marks.get(key, ()), verdicts.get(str((r.get("data") or {}).get("commit", ""))))
-        for key, r in records.items()
+        CheckpointRecord.from_record(body[p], marks.get(key, ())) for key, p in sorted(checkpoint_paths.items())
     ]
+    rollbacks = sorted((body[p] for p in rollback_paths), key=lambda r: r.get("created", 0.0))
+    history = RecordedRollbacks.read(repo, recorded=rollbacks)
+    verdicts = history.verdicts(c.data_commit for c in checkpoints)
+    checkpoints = [replace(c, reverted=verdicts.get(c.data_commit)) for c in checkpoints]
     events = []
     for path in event_paths:
         match = layout.EVENT_RECORD.match(path)

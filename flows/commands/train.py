@@ -93,7 +93,8 @@ def run_train(args: argparse.Namespace) -> int:
     params = TrainParams(
         dataset=args.dataset, steps=args.steps, preset=args.preset, nproc=args.nproc, nnodes=args.nnodes,
         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, run=args.run,
-        resume=args.resume, allow_reverted=args.allow_reverted, retries=args.retries, repo=args.repo, overrides=parse_overrides(args.overrides),
+        resume=args.resume, allow_reverted=args.allow_reverted, retries=args.retries, repo=args.repo,
+        overrides=parse_overrides(args.overrides),
     )  # fmt: skip
     summary = train_flow(params)
     print(summary_table(summary.metrics), end="")

@@ -25,11 +25,20 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from flows.cli import main as tokenlake
 from flows.curate import curate
 from flows.lineage import read_lineage
+from flows.restore import plan_rollback, restore_main
 from flows.train import TrainParams, train_flow
 from flows.wap import MAIN
 from formats.layout import STAGES
 from tests.flows.curate_support import params_for, stage_outcomes, write_corpus
-from tests.flows.lineage_support import BACKENDS, BAD_SOURCES, GOOD_SOURCES, publish_version, train_tiny
+from tests.flows.lineage_support import (
+    BACKENDS,
+    BAD_SOURCES,
+    GOOD_SOURCES,
+    publish_version,
+    train_config,
+    train_tiny,
+)
+from tests.training.helpers import torchrun
 from training.config import FaultConfig
 from training.lineage import LineageWriter
 from training.reverted import RevertedDataRefused
@@ -248,3 +257,15 @@ def test_curate_after_a_rollback_reuses_the_stages_of_the_restored_version(backe
             assert curate(elsewhere).tag == v1.tag
         assert outcomes == dict.fromkeys(STAGES, "reused")
         assert sorted(t for t in repo.list_tags() if t.startswith("ds-")) == sorted([v1.tag, v2.tag])
+
+
+def test_every_rank_of_a_torchrun_job_refuses_reverted_data(tmp_path):
+    """Rank 0 judges the data commit and every rank stops with its sentence (none waits for the others)."""
+    with BACKENDS["local"](tmp_path) as (repo, spec):
+        v1 = publish_version(repo, "curate-1", GOOD_SOURCES, seed=1)
+        v2 = publish_version(repo, "curate-2", BAD_SOURCES, seed=2)
+        restored = restore_main(repo, plan_rollback(repo, v1.tag), "flow-1")
+        done = torchrun(train_config(spec, tmp_path / "home", "ranks", v2.commit_id, steps=2), nproc=2)
+        assert done.returncode != 0
+        assert done.stderr.count(f"training: error: data commit {v2.tag}") == 2, done.stderr[-3000:]
+        assert f"was reverted by {restored.tag}" in done.stderr
