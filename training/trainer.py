@@ -411,7 +411,7 @@ class Trainer:
             )
         return timing
 
-    def _record_checkpoint(self, info: CheckpointInfo) -> None:
+    def _record_checkpoint(self, info: CheckpointInfo, if_absent: bool = False) -> None:
         record = {k: v for k, v in info.meta.items() if k != "config"}
         record["checkpoint"] = str(info.path)
         # enough of the config for `tokenlake lineage --step` to replay the sample order
@@ -420,7 +420,7 @@ class Trainer:
             "global_batch": self.cfg.global_batch,
             "heldout_fraction": self.cfg.data.heldout_fraction,
         }
-        self.lineage.record(checkpoint_record_path(self.cfg.run, info.step), record)
+        self.lineage.record(checkpoint_record_path(self.cfg.run, info.step), record, if_absent)
 
     def _find_checkpoint(self, max_step: int | None = None) -> CheckpointInfo | None:
         """Rank 0 verifies; every rank gets its answer (checkpoints sit on a shared filesystem)."""
@@ -459,8 +459,8 @@ class Trainer:
         if self.lineage:
             # A kill between a checkpoint's COMPLETE and the queueing of its lineage record
             # loses the record, and the newest checkpoint is the one that can be affected: queue
-            # it again (the same bytes, so the commit is a no-op when it was written).
-            self._record_checkpoint(info)
+            # it again, written only if it is missing (a fork's record of it says more).
+            self._record_checkpoint(info, if_absent=True)
         if changed:
             event = {
                 "step": self.progress.step,
