@@ -14,6 +14,14 @@ Measured, best of ``--rounds``:
 * ``samples of step 100``: :func:`flows.step_samples.step_positions` (``--step``): the listing,
   the two records around the step, mix and manifest.
 
+Then ``main`` is rolled back to v1 (the rollback flow's steps, its record and marks on ``runs``),
+so every verdict has a rollback to judge against (``training/reverted.py``):
+
+* ``checkpoints on v2, rolled back``: ``tokenlake lineage TAG`` on the reverted version, each
+  checkpoint judged;
+* ``check data before training``: :func:`training.reverted.check_training_data`, what the
+  train flow and the trainer do at start (here refusing v2).
+
     .venv/bin/python benchmarks/lineage.py [--checkpoints 1000] [--rounds 3]
 
 Results go to benchmarks/results/lineage.json. Last line:
@@ -35,8 +43,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows.lineage import checkpoint_lineage, checkpoints_on, find_checkpoint  # noqa: E402
+from flows.lineage import checkpoint_lineage, checkpoints_on, find_checkpoint, read_lineage  # noqa: E402
+from flows.restore import plan_rollback, restore_main  # noqa: E402
 from flows.step_samples import step_positions  # noqa: E402
+from flows.taint import find_tainted, mark_tainted, rollback_record  # noqa: E402
 from tests.flows.lineage_support import (  # noqa: E402
     BAD_SOURCES,
     GOOD_SOURCES,
@@ -44,6 +54,7 @@ from tests.flows.lineage_support import (  # noqa: E402
     write_checkpoint_records,
 )
 from training.lineage import LINEAGE_BRANCH  # noqa: E402
+from training.reverted import RevertedDataRefused, check_training_data  # noqa: E402
 from versioning import DataRepo  # noqa: E402
 from versioning.local import LocalRepo  # noqa: E402
 
@@ -93,13 +104,29 @@ def measure(repo: DataRepo, checkpoints: int, rounds: int) -> dict[str, float]:
 
     found = checkpoints_on(repo, v1.tag)
     assert len(found) == checkpoints, f"expected {checkpoints} checkpoints on v1, found {len(found)}"
-    return {
+    times = {
         "list runs/": best(rounds, lambda: list(repo.list(head, "runs/"))),
         "read every record, one by one": best(rounds, one_by_one),
         "checkpoints on v1": best(rounds, lambda: checkpoints_on(repo, v1.tag)),
         "lineage of big@500": best(rounds, lambda: checkpoint_lineage(repo, "big@500")),
         "samples of step 100": best(rounds, lambda: step_positions(repo, last, 100)),
     }
+    plan = plan_rollback(repo, v1.tag)
+    rollback = rollback_record(repo, plan, restore_main(repo, plan, "bench-rollback"), "bench-rollback")
+    mark_tainted(repo, find_tainted(repo, read_lineage(repo), rollback), rollback, "bench-rollback")
+    on_v2 = checkpoints_on(repo, v2.tag)
+    assert len(on_v2) == 100 and all(c.tainted for c in on_v2), "every checkpoint on v2 is tainted"
+
+    def refused() -> None:
+        try:
+            check_training_data(repo, v2.commit_id, allow_reverted=False)
+        except RevertedDataRefused:
+            return
+        raise AssertionError("training on v2 was not refused")
+
+    times["checkpoints on v2, rolled back"] = best(rounds, lambda: checkpoints_on(repo, v2.tag))
+    times["check data before training"] = best(rounds, refused)
+    return times
 
 
 def main() -> int:
@@ -133,7 +160,9 @@ def main() -> int:
         f"lineage: lakefs-double checkpoints-on={remote['checkpoints on v1']:.2f}s "
         f"(x{remote['checkpoints on v1'] / remote['list runs/']:.1f} of listing), "
         f"checkpoint={remote['lineage of big@500']:.2f}s, step={remote['samples of step 100']:.2f}s, "
-        f"one-by-one={remote['read every record, one by one']:.2f}s"
+        f"one-by-one={remote['read every record, one by one']:.2f}s, "
+        f"rolled-back-version={remote['checkpoints on v2, rolled back']:.2f}s, "
+        f"check-before-training={remote['check data before training']:.2f}s"
     )
     return 0
 

@@ -14,6 +14,9 @@ the dataset repository, so they answer the same on both adapters:
     (:mod:`flows.rollback`); a tainted checkpoint is never deleted;
   - ``runs/_rollbacks/<tag>.json``: one record per rollback of ``main``.
 
+  Whether a checkpoint is tainted is decided from its data commit and the recorded rollbacks
+  (:mod:`training.reverted`), whenever it was saved; marks record what each rollback found.
+
 * the data commits: a publish merge names its stage chain (:class:`flows.wap.PublishRecord`),
   each stage commit carries its config hash and flow-run id, the ingest report names the
   sources, and ``shards/manifest.json`` + ``mix.json`` turn a training step's global sample
@@ -29,14 +32,15 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flows.wap import PublishRecord
+from flows.wap import published_record
 from formats import layout
 from formats.layout import LINEAGE_BRANCH
 from training.checkpoint import META
+from training.reverted import RecordedRollbacks, Reverted, restored_from
 from versioning import DataRepo, NotFound
 
 READ_WORKERS = 16  # records are small; on lakeFS each read is one HTTP round trip
@@ -61,7 +65,12 @@ class TaintMark:
 
 @dataclass(frozen=True)
 class CheckpointRecord:
-    """A checkpoint as lineage knows it (the trainer's record, plus taint marks)."""
+    """A checkpoint as lineage knows it: the trainer's record, the verdict on its data, the taint marks.
+
+    ``tainted`` is the verdict (:mod:`training.reverted`): its data commit holds data a rollback
+    took off main. ``taints`` are the marks rollbacks wrote; a checkpoint saved (or recorded)
+    after the rollback that reverted its data is tainted before any mark names it, until
+    ``tokenlake rollback`` runs again and marks it."""
 
     run: str
     step: int
@@ -72,6 +81,7 @@ class CheckpointRecord:
     flow_run_id: str
     saved_at: float
     taints: tuple[TaintMark, ...] = ()
+    reverted: Reverted | None = None
     record: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -80,10 +90,17 @@ class CheckpointRecord:
 
     @property
     def tainted(self) -> bool:
-        return bool(self.taints)
+        return self.reverted is not None
+
+    @property
+    def marked(self) -> bool:
+        """A mark of the rollback that reverted its data is on ``runs``."""
+        return self.reverted is not None and any(m.rollback == self.reverted.rollback for m in self.taints)
 
     @classmethod
-    def from_record(cls, record: dict[str, Any], taints: Iterable[TaintMark] = ()) -> CheckpointRecord:
+    def from_record(
+        cls, record: dict[str, Any], taints: Iterable[TaintMark] = (), reverted: Reverted | None = None
+    ) -> CheckpointRecord:
         return cls(
             run=str(record["run"]),
             step=int(record["step"]),
@@ -94,6 +111,7 @@ class CheckpointRecord:
             flow_run_id=str(record.get("flow_run_id", "")),
             saved_at=float(record.get("saved_at", 0.0)),
             taints=tuple(taints),
+            reverted=reverted,
             record=record,
         )
 
@@ -107,6 +125,9 @@ class CheckpointRecord:
             "data_commit": self.data_commit,
             "metrics": self.metrics,
             "tainted": self.tainted,
+            "tainted_by": self.reverted.rollback if self.reverted else "",
+            "taint_reason": self.reverted.reason if self.reverted else "",
+            "marked": self.marked,
             "taints": [mark.__dict__ for mark in self.taints],
             "path": self.checkpoint,
             "flow_run_id": self.flow_run_id,
@@ -125,6 +146,7 @@ class LineageIndex:
     events: list[dict[str, Any]]
     rollbacks: list[dict[str, Any]]
     listed: dict[str, list[int]] = field(default_factory=dict)  # run -> every checkpoint step listed
+    history: RecordedRollbacks | None = None  # every rollback (records and tags): the taint verdicts
 
     def of_run(self, run: str) -> list[CheckpointRecord]:
         return [c for c in self.checkpoints if c.run == run]
@@ -152,7 +174,7 @@ def read_lineage(repo: DataRepo, run: str | None = None, select: StepSelector | 
     try:
         commit = repo.resolve(LINEAGE_BRANCH)
     except NotFound:
-        return LineageIndex(None, [], [], [])
+        return LineageIndex(None, [], [], [], history=RecordedRollbacks.read(repo, recorded=[]))
     prefixes = [f"{layout.run_records(run)}/", f"{layout.ROLLBACK_RECORDS}/"] if run else [f"{layout.RUNS}/"]
     paths = [stat.path for prefix in prefixes for stat in repo.list(commit, prefix)]
     checkpoint_paths = {_run_step(m): p for p in paths if (m := layout.CHECKPOINT_RECORD.match(p))}
@@ -172,13 +194,16 @@ def read_lineage(repo: DataRepo, run: str | None = None, select: StepSelector | 
     checkpoints = [
         CheckpointRecord.from_record(body[p], marks.get(key, ())) for key, p in sorted(checkpoint_paths.items())
     ]
+    rollbacks = sorted((body[p] for p in rollback_paths), key=lambda r: r.get("created", 0.0))
+    history = RecordedRollbacks.read(repo, recorded=rollbacks)
+    verdicts = history.verdicts(c.data_commit for c in checkpoints)
+    checkpoints = [replace(c, reverted=verdicts.get(c.data_commit)) for c in checkpoints]
     events = []
     for path in event_paths:
         match = layout.EVENT_RECORD.match(path)
         assert match is not None
         events.append({"run": match["run"], "kind": match["kind"], "step": int(match["step"]), **body[path]})
-    rollbacks = sorted((body[p] for p in rollback_paths), key=lambda r: r.get("created", 0.0))
-    return LineageIndex(commit, checkpoints, events, rollbacks, listed)
+    return LineageIndex(commit, checkpoints, events, rollbacks, listed, history)
 
 
 def _run_step(match: re.Match[str]) -> tuple[str, int]:
@@ -213,7 +238,7 @@ class DataVersion:
     restores: str  # for rollback commits: the commit whose content main was restored to
     stages: tuple[StageCommit, ...]
     sources: tuple[dict[str, Any], ...]
-    reverted_by: tuple[str, ...]  # tags of rollbacks that took this version off main
+    reverted_by: tuple[str, ...]  # the tag of the rollback that took this data off main (training.reverted)
 
 
 def describe_data(repo: DataRepo, ref: str, index: LineageIndex | None = None) -> DataVersion:
@@ -221,16 +246,14 @@ def describe_data(repo: DataRepo, ref: str, index: LineageIndex | None = None) -
     commit = repo.get_commit(repo.resolve(ref))
     tags = tuple(sorted(t for t, c in repo.list_tags().items() if c == commit.id))
     kind = commit.metadata.get("stage") or "commit"
-    restores = _restored_from(repo, commit.metadata)
-    published = _publish_behind(repo, commit.id)
-    record = PublishRecord.from_commit(repo.get_commit(published)) if published else None
+    restores = restored_from(repo, commit.metadata)
+    record = published_record(repo, commit.id)
     if record is not None:
         stages = tuple(_stage_commit(repo, link.stage, link.commit) for link in record.chain)
     else:
         stages = _stage_chain(repo, commit.id)
-    reverted_by = tuple(
-        r["tag"] for r in (index.rollbacks if index else ()) if commit.id in r.get("off_main", ())
-    )
+    history = index.history if index is not None and index.history is not None else RecordedRollbacks.read(repo)
+    verdict = history.verdict(commit.id)
     return DataVersion(
         commit=commit.id,
         kind=kind,
@@ -242,34 +265,8 @@ def describe_data(repo: DataRepo, ref: str, index: LineageIndex | None = None) -
         restores=restores,
         stages=stages,
         sources=_sources(repo, stages),
-        reverted_by=reverted_by,
+        reverted_by=(verdict.rollback,) if verdict else (),
     )
-
-
-def _restored_from(repo: DataRepo, meta: dict[str, str]) -> str:
-    """For a rollback's commits, the commit whose content this one holds ("" for any other commit).
-
-    The rollback marker and a restore commit hold the target's content; a revert commit
-    holds its reverted commit's first parent's (one step of several, perhaps)."""
-    stage = meta.get("stage")
-    if stage in ("rollback", "restore"):
-        return meta.get("target", "")
-    if stage == "revert" and meta.get("reverted_commit"):
-        parents = repo.get_commit(meta["reverted_commit"]).parents
-        return parents[0] if parents else ""
-    return ""
-
-
-def _publish_behind(repo: DataRepo, commit_id: str, depth: int = 16) -> str:
-    """The publish merge whose content ``commit_id`` holds: itself, or what a rollback restored."""
-    for _ in range(depth):
-        meta = repo.get_commit(commit_id).metadata
-        if meta.get("stage") == "publish" and "chain" in meta:
-            return commit_id
-        commit_id = _restored_from(repo, meta)
-        if not commit_id:
-            return ""
-    return ""
 
 
 def _stage_commit(repo: DataRepo, stage: str, commit_id: str) -> StageCommit:
@@ -344,7 +341,8 @@ def _find(repo: DataRepo, name: str) -> tuple[CheckpointRecord, LineageIndex]:
         return found, index
     if meta is not None:  # its lineage record is still queued on the training machine
         record = {k: v for k, v in meta.items() if k != "config"} | {"checkpoint": str(directory.resolve())}
-        return CheckpointRecord.from_record(record), index
+        assert index.history is not None
+        return CheckpointRecord.from_record(record, reverted=index.history.verdict(meta["data"]["commit"])), index
     steps = ", ".join(map(str, index.listed.get(run, []))) or "none"
     raise LineageError(
         f"no lineage record for checkpoint {run}@{step} on branch {LINEAGE_BRANCH!r} "

@@ -12,15 +12,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from flows.wap import PublishBusy, publish_in_progress, publish_lock
-from formats.layout import MAIN
+from formats.layout import MAIN, RESTORE_STAGE, REVERT_STAGE, ROLLBACK_STAGE, ROLLBACK_TAG_PREFIX
 from tasks.stage import tokenlake_version
+from training.reverted import HARD_RESET
 from versioning import Conflict, DataRepo, MergeConflict, NoChanges, NotFound, RepoError
-
-ROLLBACK_TAG_PREFIX = "rollback-"
 
 
 class RollbackRefused(ValueError):
     """A rollback that must not run; the message says why and what to do instead."""
+
+
+class AlreadyRestored(RollbackRefused):
+    """``main`` already holds the target's content: there is nothing to restore.
+
+    Running the rollback again may still have checkpoints to mark (``flows.taint.plan_or_marks``)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ def plan_rollback(repo: DataRepo, to: str, hard: bool = False) -> RollbackPlan:
             "roll back to a tag or commit listed by `tokenlake repo log main`"
         )
     if not repo.diff(target, main_head):
-        raise RollbackRefused(f"main already holds the content of {to!r} ({target[:12]}): nothing to roll back")
+        raise AlreadyRestored(f"main already holds the content of {to!r} ({target[:12]}): nothing to roll back")
     parents = {c.id: c.parents for c in repo.log(main_head)}
     history = _reachable(parents, main_head)
     return RollbackPlan(
@@ -155,7 +160,7 @@ def _revert(repo: DataRepo, plan: RollbackPlan, tag: str, flow_run_id: str) -> R
         if not repo.diff(plan.target, MAIN):
             break
         try:
-            meta = _metadata(plan, tag, flow_run_id, "revert", reverted_commit=commit_id)
+            meta = _metadata(plan, tag, flow_run_id, REVERT_STAGE, reverted_commit=commit_id)
             revert_commits.append(repo.revert(MAIN, commit_id, parent_number=1, metadata=meta).id)
             reverted.append(commit_id)
         except NoChanges:
@@ -165,7 +170,7 @@ def _revert(repo: DataRepo, plan: RollbackPlan, tag: str, flow_run_id: str) -> R
     restore_commit = _restore_commit(repo, plan, tag, flow_run_id)
     method = "revert" if not restore_commit else "revert+restore" if reverted else "restore"
     record = _metadata(
-        plan, tag, flow_run_id, "rollback", method=method,
+        plan, tag, flow_run_id, ROLLBACK_STAGE, method=method,
         reverted=json.dumps(reverted), restore_commit=restore_commit,
     )  # fmt: skip
     message = f"rollback main to {plan.target_ref} ({plan.target[:12]}): " + (
@@ -191,7 +196,7 @@ def _restore_commit(repo: DataRepo, plan: RollbackPlan, tag: str, flow_run_id: s
         else:
             with repo.open(plan.target, change.path) as reader:
                 repo.put(MAIN, change.path, reader)
-    meta = _metadata(plan, tag, flow_run_id, "restore", paths=str(len(changes)))
+    meta = _metadata(plan, tag, flow_run_id, RESTORE_STAGE, paths=str(len(changes)))
     return repo.commit(MAIN, f"restore {len(changes)} path(s) to {plan.target_ref}", meta).id
 
 
@@ -199,7 +204,7 @@ def _hard_reset(repo: DataRepo, plan: RollbackPlan, tag: str) -> RestoredMain:
     repo.discard_uncommitted(MAIN)  # a hard reset keeps uncommitted changes, as in lakeFS
     repo.reset_hard(MAIN, plan.target)
     repo.create_tag(tag, plan.target)
-    return RestoredMain(tag, "hard-reset", plan.main_head, plan.target, (), (), "", frozenset())
+    return RestoredMain(tag, HARD_RESET, plan.main_head, plan.target, (), (), "", frozenset())
 
 
 def next_rollback_tag(repo: DataRepo, now: datetime | None = None) -> str:

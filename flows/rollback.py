@@ -2,10 +2,12 @@
 
 ``tokenlake rollback --to REF`` (or the ``rollback`` flow) does, in order:
 
-1. **Refuse** what must not happen: a target that is not an ancestor of ``main``, a target
-   whose content ``main`` already holds, and any rollback while a curate run is publishing
-   (the publish lock of :mod:`flows.wap` is held for the whole restore, so no publish can
-   start half-way either).
+1. **Refuse** what must not happen: a target that is not an ancestor of ``main``, and any
+   rollback while a curate run is publishing (the publish lock of :mod:`flows.wap` is held
+   for the whole restore, so no publish can start half-way either). When ``main`` already
+   holds the target's content there is nothing to restore: the rollback only marks the
+   checkpoints trained on reverted data that carry no mark yet (saved after an earlier
+   rollback, or recorded late), and refuses when there are none.
 2. **Restore** ``main`` to the target's content with new commits, so history is kept: the
    commits on ``main``'s first-parent line newer than the target are reverted newest first
    (a publish merge against its first parent), stopping as soon as ``main``'s content equals
@@ -15,16 +17,13 @@
    tagged ``rollback-YYYYMMDD-N``. ``hard=True`` moves ``main`` to the target instead
    (history after it leaves ``main``; the tag then marks the target).
    ``repo.diff(target, main) == []`` is checked before anything is reported.
-3. **Taint** (never delete) checkpoints trained on data no longer on ``main``. Precisely, a
-   checkpoint whose data commit ``c`` is
-
-   * reachable from ``main``'s head before the rollback and not from the target (a reverted
-     publish, or a stage commit of the curate run that made it), or
-   * not on ``main``'s history but descended from such a commit (e.g. an unpublished curate
-     run started on the bad version).
-
-   Commits of the rollback itself and the target's ancestors are never tainted. Each gets a
-   mark in ``runs/<run>/taints/step-NNNNNNN.json`` and the rollback a record in
+3. **Taint** (never delete) checkpoints trained on data no longer on ``main``: the rule of
+   :mod:`training.reverted`, over this rollback and every recorded one, decides from each
+   checkpoint's data commit. Roughly, a data commit is tainted when it was on ``main`` before
+   the rollback and is not reachable from the target (a reverted publish, or a stage commit
+   of the curate run that made it), or is built on such a commit (e.g. an unpublished curate
+   run started on the bad version). Each tainted checkpoint without a mark yet gets one in
+   ``runs/<run>/taints/step-NNNNNNN.json``, and the rollback a record in
    ``runs/_rollbacks/<tag>.json``, in one commit on branch ``runs``.
 4. **Resume** (optional): for each run with tainted checkpoints, its newest untainted
    checkpoint whose files still verify is forked into a new run ``<run>-<rollback tag>``
@@ -46,9 +45,18 @@ from prefect.context import get_run_context
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.lineage import CheckpointRecord, read_lineage
-from flows.restore import RestoredMain, RollbackPlan, plan_rollback, restore_main
-from flows.taint import ResumePlan, find_tainted, fork_checkpoint, mark_tainted, plan_resumes
+from flows.restore import RestoredMain, RollbackPlan, restore_main
+from flows.taint import (
+    ResumePlan,
+    find_tainted,
+    fork_checkpoint,
+    mark_tainted,
+    plan_or_marks,
+    plan_resumes,
+    rollback_record,
+)
 from flows.train import TrainParams, train_flow
+from formats.layout import MAIN
 from tasks.stage_task import IO_RETRIES
 from versioning import default_repo_spec, open_repo
 
@@ -82,9 +90,12 @@ class ResumedRun:
     checkpoint: str | None
 
 
+MARKS_ONLY = "none"  # the method of a rollback that found main already restored and only marked checkpoints
+
+
 @dataclass(frozen=True)
 class RollbackReport:
-    tag: str
+    tag: str  # "" when nothing was restored (method MARKS_ONLY)
     flow_run_id: str
     target_ref: str
     target: str
@@ -102,9 +113,11 @@ def rollback(params: RollbackParams) -> RollbackReport:
     flow_run_id = str(get_run_context().flow_run.id)
     repo_spec = params.repository or default_repo_spec()
     plan = plan_task(repo_spec, params.to, params.hard)
+    if plan is None:
+        return marks_only(repo_spec, params, flow_run_id)
     restored = restore_task(repo_spec, plan, flow_run_id)
     tainted = taint_task(repo_spec, plan, restored, flow_run_id)
-    tainted_table(restored, tainted)
+    tainted_table(tainted, f"trained on data that {restored.tag} took off main")
     resumed = []
     if params.resume:
         for resume in plan_resumes(read_lineage(open_repo(repo_spec, create=False)), tainted, restored,
@@ -124,9 +137,28 @@ def rollback(params: RollbackParams) -> RollbackReport:
     return report
 
 
+def marks_only(repo_spec: str, params: RollbackParams, flow_run_id: str) -> RollbackReport:
+    """``main`` already holds the target: mark what was trained on reverted data since, restore nothing."""
+    tainted = taint_task(repo_spec, None, None, flow_run_id)
+    tainted_table(tainted, "trained on reverted data, marked now")
+    repo = open_repo(repo_spec, create=False)
+    main = repo.resolve(MAIN)
+    report = RollbackReport(
+        tag="", flow_run_id=flow_run_id, target_ref=params.to, target=repo.resolve(params.to), method=MARKS_ONLY,
+        previous_main=main, main=main, reverted=[], tainted=[c.summary() for c in tainted], resumed=[],
+    )  # fmt: skip
+    create_markdown_artifact(summary_markdown(report), key="rollback-summary", description="rollback: marks only")
+    print(f"rollback: main already holds {params.to}; {len(tainted)} checkpoint(s) trained on reverted data marked")
+    if params.resume:
+        print("rollback: nothing was restored, so no run is resumed; continue a run on main with "
+              "`tokenlake train --dataset main --run RUN --resume allow-data-change`")  # fmt: skip
+    return report
+
+
 @task(name="plan-rollback", cache_policy=NO_CACHE, **IO_RETRIES)
-def plan_task(repo_spec: str, to: str, hard: bool) -> RollbackPlan:
-    return plan_rollback(open_repo(repo_spec, create=False), to, hard)
+def plan_task(repo_spec: str, to: str, hard: bool) -> RollbackPlan | None:
+    """The plan; None when main already holds ``to`` and only marks are due (:func:`flows.taint.plan_or_marks`)."""
+    return plan_or_marks(open_repo(repo_spec, create=False), to, hard)
 
 
 @task(name="restore-main", cache_policy=NO_CACHE)  # not retried: a half-done restore is planned afresh
@@ -137,25 +169,27 @@ def restore_task(repo_spec: str, plan: RollbackPlan, flow_run_id: str) -> Restor
 
 
 @task(name="taint-checkpoints", cache_policy=NO_CACHE, **IO_RETRIES)  # rewrites the same records: safe to retry
-def taint_task(repo_spec: str, plan: RollbackPlan, restored: RestoredMain, flow_run_id: str) -> list[CheckpointRecord]:
+def taint_task(
+    repo_spec: str, plan: RollbackPlan | None, restored: RestoredMain | None, flow_run_id: str
+) -> list[CheckpointRecord]:
+    """Mark every checkpoint trained on reverted data that has no mark yet; with a restore, record the rollback."""
     repo = open_repo(repo_spec, create=False)
-    index = read_lineage(repo)
-    tainted = find_tainted(repo, index, plan, restored)
-    mark_tainted(repo, index, plan, restored, tainted, flow_run_id)
+    record = rollback_record(repo, plan, restored, flow_run_id) if plan and restored else None
+    tainted = find_tainted(repo, read_lineage(repo), record)
+    if tainted or record is not None:
+        mark_tainted(repo, tainted, record, flow_run_id)
     return tainted
 
 
-def tainted_table(restored: RestoredMain, tainted: list[CheckpointRecord]) -> None:
+def tainted_table(tainted: list[CheckpointRecord], what: str) -> None:
     rows = [
         {"checkpoint": c.name, "run": c.run, "step": c.step, "tokens": c.tokens,
-         "loss": c.metrics.get("loss", ""), "data_commit": c.data_commit[:12], "path": c.checkpoint}
+         "loss": c.metrics.get("loss", ""), "data_commit": c.data_commit[:12],
+         "tainted_by": c.reverted.rollback if c.reverted else "", "path": c.checkpoint}
         for c in tainted
     ]  # fmt: skip
     create_table_artifact(
-        rows,
-        key="rollback-tainted",
-        description=f"{len(rows)} checkpoint(s) trained on data that {restored.tag} took off main "
-        "(marked in lineage, never deleted)",
+        rows, key="rollback-tainted", description=f"{len(rows)} checkpoint(s) {what} (marked in lineage, never deleted)"
     )
 
 
@@ -180,11 +214,16 @@ def resume_params(resume: ResumePlan, repo_spec: str) -> TrainParams:
 
 
 def summary_markdown(report: RollbackReport) -> str:
-    lines = [
-        f"# Rollback {report.tag}",
-        "",
+    restored = (
         f"main restored to **{report.target_ref}** (`{report.target[:12]}`) by {report.method}; "
-        f"main was `{report.previous_main[:12]}`, is `{report.main[:12]}`.",
+        f"main was `{report.previous_main[:12]}`, is `{report.main[:12]}`."
+        if report.method != MARKS_ONLY
+        else f"main already held **{report.target_ref}** (`{report.target[:12]}`): nothing restored."
+    )
+    lines = [
+        f"# Rollback {report.tag or report.target_ref}",
+        "",
+        restored,
         "",
         f"Reverted: {', '.join(f'`{c[:12]}`' for c in report.reverted) or 'none'}",
         "",

@@ -5,11 +5,11 @@ ingest's input is the source files, fingerprinted. A cached result names the com
 ended the stage. It is reused only where that is exact:
 
 * **in place**: ``main``'s head is a version published with the same key for this stage and
-  for every earlier one (the publish commit records the chain of keys). The run branch,
-  created from ``main``, already holds those outputs and stays where it is. So a re-run with
-  no change reuses every stage and publishes nothing new (it returns the version's tag), and
-  a run that changes one stage's config re-runs that stage and the later ones only, on top of
-  the published version.
+  for every earlier one (the publish commit records the chain of keys), or a rollback's
+  commit that restored such a version. The run branch, created from ``main``, already holds
+  those outputs and stays where it is. So a re-run with no change reuses every stage and
+  publishes nothing new (it returns the version's tag), and a run that changes one stage's
+  config re-runs that stage and the later ones only, on top of the published version.
 * **fast-forward**: the run branch's head is an ancestor of the cached commit (a retried flow
   run, or a re-run after a crash, while ``main`` has not moved): the branch moves to it.
 * otherwise the stage runs again (**refresh**) and its cache entry is replaced.
@@ -134,8 +134,16 @@ class StageRunner:
 
 @task(name="published-version", cache_policy=NO_CACHE, **IO_RETRIES)
 def published_version_at(repo_spec: str, head: str) -> PublishRecord | None:
-    """What the version at main's head was built from, if a curate run published it."""
-    return published_record(open_repo(repo_spec, create=False), head)
+    """What the version at main's head was built from, if a curate run published it.
+
+    After a rollback, main's head is the rollback's own commit: the version it restored is
+    the one whose stages are reused (the key is content, not ancestry), once the head is
+    checked to hold exactly that version's content."""
+    repo = open_repo(repo_spec, create=False)
+    record = published_record(repo, head)
+    if record is None or (record.commit != head and repo.diff(record.commit, head)):
+        return None
+    return record
 
 
 @task(name="plan-stage", cache_policy=NO_CACHE, **IO_RETRIES)

@@ -2,8 +2,9 @@
 ``main`` (never delete them), and fork a run's newest clean checkpoint to resume on the restored
 version.
 
-Steps 3 and 4 of a rollback; :mod:`flows.rollback` is the flow around it and defines which
-checkpoints are tainted. :mod:`flows.restore` restores ``main`` (steps 1 and 2).
+Steps 3 and 4 of a rollback; :mod:`flows.rollback` is the flow around it, and
+:mod:`training.reverted` decides which data is reverted (so which checkpoints are tainted).
+:mod:`flows.restore` restores ``main`` (steps 1 and 2).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from flows.lineage import CheckpointRecord, LineageIndex, TaintMark, training_config
-from flows.restore import RestoredMain, RollbackPlan
+from flows.lineage import CheckpointRecord, LineageIndex, TaintMark, read_lineage, training_config
+from flows.restore import AlreadyRestored, RestoredMain, RollbackPlan, plan_rollback
 from flows.wap import tags_of
 from formats.layout import (
     LINEAGE_BRANCH,
@@ -28,75 +29,72 @@ from formats.layout import (
     taint_record_path,
 )
 from training.checkpoint import CheckpointError, step_dir_name, verify_checkpoint
-from versioning import Conflict, DataRepo, NotFound
+from training.reverted import RecordedRollbacks, RollbackRecord
+from versioning import Conflict, DataRepo
 
 
-def tainted_commits(repo: DataRepo, plan: RollbackPlan, restored: RestoredMain, commits: set[str]) -> set[str]:
-    """Which of ``commits`` (data commits of checkpoints) hold data that left main (defined in :mod:`flows.rollback`)."""
-    tainted = set()
-    for commit_id in commits:
-        if commit_id in plan.main_history:
-            if commit_id in plan.off_main:
-                tainted.add(commit_id)
-        elif commit_id not in restored.new_commits:
-            try:
-                history = {c.id for c in repo.log(commit_id)}
-            except NotFound:
-                continue  # a commit this repository does not have: nothing to say about it
-            if history & plan.off_main:
-                tainted.add(commit_id)
-    return tainted
+def rollback_record(repo: DataRepo, plan: RollbackPlan, restored: RestoredMain, flow_run_id: str) -> RollbackRecord:
+    """The record of a rollback that just restored main (written by :func:`mark_tainted`)."""
+    return RollbackRecord(
+        tag=restored.tag, target=plan.target, previous_main=restored.previous_head, main=restored.head,
+        method=restored.method, off_main=plan.off_main, revert_commits=restored.revert_commits,
+        restore_commit=restored.restore_commit, reverted=restored.reverted, target_ref=plan.target_ref,
+        target_tags=tuple(tags_of(repo, plan.target)), created=time.time(), flow_run_id=flow_run_id,
+    )  # fmt: skip
 
 
 def find_tainted(
-    repo: DataRepo, index: LineageIndex, plan: RollbackPlan, restored: RestoredMain
+    repo: DataRepo, index: LineageIndex, rollback: RollbackRecord | None = None
 ) -> list[CheckpointRecord]:
-    bad = tainted_commits(repo, plan, restored, {c.data_commit for c in index.checkpoints})
-    return [c for c in index.checkpoints if c.data_commit in bad]
+    """Checkpoints trained on reverted data that no mark of the rollback which reverted it names yet.
+
+    The verdict is :mod:`training.reverted`'s, over every recorded rollback plus ``rollback`` (one
+    that just ran, whose record is not written yet). So a checkpoint saved after an earlier
+    rollback, or whose lineage record arrived late, is found as well as those the new rollback
+    takes off main."""
+    history = index.history or RecordedRollbacks.read(repo, index.rollbacks)
+    if rollback is not None:
+        history = history.including(rollback)
+    verdicts = history.verdicts(c.data_commit for c in index.checkpoints)
+    judged = [replace(c, reverted=verdicts.get(c.data_commit)) for c in index.checkpoints]
+    return [c for c in judged if c.tainted and not c.marked]
 
 
 def mark_tainted(
-    repo: DataRepo,
-    index: LineageIndex,
-    plan: RollbackPlan,
-    restored: RestoredMain,
-    tainted: list[CheckpointRecord],
-    flow_run_id: str,
+    repo: DataRepo, tainted: list[CheckpointRecord], rollback: RollbackRecord | None, flow_run_id: str
 ) -> str:
-    """One commit on ``runs``: a taint mark per checkpoint and the rollback's record; returns its id."""
+    """One commit on ``runs``: a mark per checkpoint, by the rollback that reverted its data, and
+    ``rollback``'s record when one ran; returns the commit's id. Marks are only ever added."""
     ensure_runs_branch(repo)
     now = time.time()
     for checkpoint in tainted:
-        mark = TaintMark(
-            rollback=restored.tag,
-            target=plan.target,
-            data_commit=checkpoint.data_commit,
-            reason=f"data commit {checkpoint.data_commit[:12]} is not on main after {restored.tag} "
-            f"(main restored to {plan.target_ref})",
-            marked_at=now,
-        )
-        marks = [asdict(m) for m in checkpoint.taints if m.rollback != restored.tag] + [asdict(mark)]
+        verdict = checkpoint.reverted
+        assert verdict is not None, "find_tainted() gives tainted checkpoints only"
+        mark = TaintMark(verdict.rollback, verdict.target, checkpoint.data_commit, verdict.reason, marked_at=now)
+        marks = [asdict(m) for m in checkpoint.taints if m.rollback != verdict.rollback] + [asdict(mark)]
         put_record(repo, taint_record_path(checkpoint.run, checkpoint.step), {"marks": marks})
-    record = {
-        "tag": restored.tag,
-        "created": now,
-        "target": plan.target,
-        "target_ref": plan.target_ref,
-        "target_tags": tags_of(repo, plan.target),
-        "previous_main": restored.previous_head,
-        "main": restored.head,
-        "method": restored.method,
-        "reverted": list(restored.reverted),
-        "revert_commits": list(restored.revert_commits),
-        "restore_commit": restored.restore_commit,
-        "off_main": sorted(plan.off_main),
-        "tainted": [c.name for c in tainted],
-        "flow_run_id": flow_run_id,
-    }
-    put_record(repo, rollback_record_path(restored.tag), record)
-    meta = {"kind": "rollback", "rollback": restored.tag, "flow_run_id": flow_run_id}
-    message = f"rollback {restored.tag}: {len(tainted)} checkpoint(s) tainted"
+    if rollback is not None:
+        named = tuple(c.name for c in tainted if c.reverted and c.reverted.rollback == rollback.tag)
+        put_record(repo, rollback_record_path(rollback.tag), replace(rollback, tainted=named).to_dict())
+        message = f"rollback {rollback.tag}: {len(tainted)} checkpoint(s) tainted"
+        meta = {"kind": "rollback", "rollback": rollback.tag, "flow_run_id": flow_run_id}
+    else:
+        by = sorted({c.reverted.rollback for c in tainted if c.reverted})
+        message = f"taint: {len(tainted)} checkpoint(s) trained on data reverted by {', '.join(by)}"
+        meta = {"kind": "taint", "rollback": ",".join(by), "flow_run_id": flow_run_id}
     return repo.commit(LINEAGE_BRANCH, message, meta, allow_empty=True).id
+
+
+def plan_or_marks(repo: DataRepo, to: str, hard: bool = False) -> RollbackPlan | None:
+    """The rollback's plan, or None when ``main`` already holds ``to``'s content but checkpoints
+    trained on data an earlier rollback reverted still lack their mark: running the rollback
+    again then marks them. Otherwise it refuses as :func:`flows.restore.plan_rollback` does."""
+    try:
+        return plan_rollback(repo, to, hard)
+    except AlreadyRestored as already:
+        if find_tainted(repo, read_lineage(repo)):
+            return None
+        raise AlreadyRestored(f"{already}, and every checkpoint trained on reverted data is marked") from None
 
 
 def put_record(repo: DataRepo, path: str, obj: Any) -> None:

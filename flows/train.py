@@ -1,6 +1,8 @@
 """The train flow: pin the dataset to a commit, run ``torchrun``, publish what the run produced.
 
     resolve the dataset ref -> an immutable commit id
+    check the data            refused when a rollback of main reverted that commit, unless
+                              allow_reverted (training.reverted; the trainer checks again)
     torchrun -m training     (a task with retries: a crash fails the attempt, the retry
                               resumes from the newest valid checkpoint)
     artifacts                 progress, metrics table, loss/throughput plot, checkpoints
@@ -35,10 +37,12 @@ from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel, ConfigDict, Field
 
 from formats.layout import MAIN
+from tasks.stage_task import IO_RETRIES
 from training.checkpoint import list_checkpoints
 from training.config import ModelConfig, PresetName, ResumePolicy, TrainConfig
 from training.launch import LaunchConfig, torchrun_command, write_launch_file
 from training.metrics import read_metrics, summarize, summary_table
+from training.reverted import check_training_data
 from versioning import open_repo
 
 _STEP_LINE = re.compile(r"^step (\d+)/(\d+) ")
@@ -85,6 +89,11 @@ class TrainParams(BaseModel):
         description="auto: continue from the newest valid checkpoint; never: refuse an existing run; "
         "allow-data-change: continue even if the checkpoint saw another data commit",
     )
+    allow_reverted: bool = Field(
+        default=False,
+        description="train on a dataset version that a rollback of main reverted (refused otherwise); "
+        "recorded in the run's lineage",
+    )
     repo: str | None = Field(default=None, description="dataset repository; default $TOKENLAKE_REPO")
     retries: int = Field(default=2, ge=0, description="times a crashed torchrun is restarted (each resumes)")
     overrides: dict[str, Any] = Field(
@@ -121,6 +130,7 @@ class TrainParams(BaseModel):
             "repo": self.repo,
             "steps": self.steps,
             "resume": self.resume,
+            "allow_reverted": self.allow_reverted,
             "model": model,
             "flow_run_id": flow_run_id,
             "progress": False,  # plain "step N/M" lines: they read well in the Prefect log
@@ -151,6 +161,14 @@ def resolve_dataset(repo_spec: str | None, ref: str) -> str:
     commit = open_repo(repo_spec, create=False).resolve(ref)
     get_run_logger().info("dataset %s is commit %s", ref, commit)
     return commit
+
+
+@task(name="check-reverted", cache_policy=NO_CACHE, **IO_RETRIES)
+def check_reverted(repo_spec: str | None, commit: str, allow_reverted: bool) -> None:
+    """Refuse (before torchrun starts) a commit that a rollback reverted, unless allowed."""
+    verdict = check_training_data(open_repo(repo_spec, create=False), commit, allow_reverted)
+    if verdict is not None:
+        get_run_logger().warning("training on reverted data, as allowed: %s", verdict.reason)
 
 
 class TrainingFailed(RuntimeError):
@@ -254,6 +272,7 @@ def _key(prefix: str, run: str) -> str:
 def train_flow(params: TrainParams) -> TrainSummary:
     launch = params.launch_config(flow_run_id=str(flow_run.id or "local"))  # a misconfiguration fails first
     commit = resolve_dataset(params.repo, params.dataset)
+    check_reverted(params.repo, commit, params.allow_reverted)
     config = params.train_config(commit, flow_run_id=str(flow_run.id or ""))
     run_torchrun.with_options(retries=params.retries, retry_delay_seconds=1)(config, launch)
     return publish_artifacts(config)

@@ -27,12 +27,11 @@ from datetime import UTC, datetime
 
 from flows import publish_guard
 from formats import layout
-from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX
+from formats.layout import DATASET_TAG_PREFIX as TAG_PREFIX
+from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, PUBLISH_STAGE, RUN_BRANCH_PREFIX
 from tasks.stage import tokenlake_version
+from training.reverted import restored_from
 from versioning import Commit, Conflict, DataRepo, NoChanges, NotFound
-
-TAG_PREFIX = "ds-"
-PUBLISH_STAGE = "publish"
 
 
 class PublishBusy(RuntimeError):
@@ -164,8 +163,17 @@ def publish_lock(repo: DataRepo, flow_run_id: str, wait_s: float = 120.0, poll_s
             pass
 
 
-def published_record(repo: DataRepo, ref: str) -> PublishRecord | None:
-    return PublishRecord.from_commit(repo.get_commit(ref))
+def published_record(repo: DataRepo, ref: str, depth: int = 16) -> PublishRecord | None:
+    """The publish whose content ``ref`` holds: ``ref`` itself when it is a publish merge, or, for a
+    rollback's own commits (``main``'s head after a rollback), the version that rollback restored."""
+    commit = repo.get_commit(ref)
+    for _ in range(depth):
+        record = PublishRecord.from_commit(commit)
+        source = "" if record else restored_from(repo, commit.metadata)
+        if not source:
+            return record
+        commit = repo.get_commit(source)
+    return None
 
 
 def tags_of(repo: DataRepo, commit_id: str) -> list[str]:
@@ -263,6 +271,9 @@ def _already_on_main(repo: DataRepo, main_head: str) -> PublishedVersion:
     tags = tags_of(repo, main_head)
     if tags:
         return PublishedVersion(tags[-1], main_head, new=False)
+    held = published_record(repo, main_head)  # main's head is a rollback's commit: the version it restored
+    if held is not None and held.tag in repo.list_tags() and not repo.diff(held.commit, main_head):
+        return PublishedVersion(held.tag, held.commit, new=False)
     tag = next_tag(repo)
     repo.create_tag(tag, main_head)
     return PublishedVersion(tag, main_head, new=True)

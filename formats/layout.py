@@ -34,6 +34,15 @@ LINEAGE_BRANCH = "runs"  # training lineage records
 RUN_BRANCH_PREFIX = "curate-"  # + flow run id: one curate run's working branch (lakeFS forbids '/')
 PUBLISH_LOCK_BRANCH = "lock-publish"
 
+# ---- tags, and the commits main gets besides stage outputs ----------------------------------
+
+DATASET_TAG_PREFIX = "ds-"  # + YYYYMMDD-N: a published dataset version (flows/wap.py)
+ROLLBACK_TAG_PREFIX = "rollback-"  # + YYYYMMDD-N: a rollback of main (flows/restore.py)
+PUBLISH_STAGE = "publish"  # a publish merge; its metadata names the stage chain and the tag
+ROLLBACK_STAGE = "rollback"  # a rollback's tagged, empty last commit: target, reverted commits, flow run
+RESTORE_STAGE = "restore"  # a rollback's commit that writes what reverts could not undo
+REVERT_STAGE = "revert"  # a rollback's revert of one commit (``reverted_commit``)
+
 # ---- the publish guard on main, read by lakeFS (flows/publish_guard/) ---------------------
 
 PUBLISH_GUARD_ACTION = "_lakefs_actions/tokenlake_publish_guard.yaml"  # lakeFS reads actions there

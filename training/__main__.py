@@ -26,6 +26,9 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--global-batch", type=int)
     parser.add_argument("--micro-batch", type=int)
     parser.add_argument("--resume", choices=["auto", "never", "allow-data-change"])
+    parser.add_argument(
+        "--allow-reverted", action="store_true", help="train on data a rollback reverted (recorded in lineage)"
+    )
     parser.add_argument("--flow-run-id")
     parser.add_argument(
         "--no-progress", action="store_true", help="plain log lines instead of a progress bar"
@@ -49,6 +52,8 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         fields["model"] = ModelConfig.preset(args.preset).model_dump()
     if args.no_progress:
         fields["progress"] = False
+    if args.allow_reverted:
+        fields["allow_reverted"] = True
     return TrainConfig.model_validate(fields)
 
 

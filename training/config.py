@@ -156,6 +156,9 @@ class FaultConfig(_Frozen):
     kill_in_save_at_steps: tuple[int, ...] = Field(default=(), description="SIGKILL during step N's save")
     spike_at_positions: tuple[int, ...] = Field(default=(), description="x1000 loss on batches holding these")
     nan_at_positions: tuple[int, ...] = Field(default=(), description="NaN loss on batches holding these")
+    lineage_outage: bool = Field(
+        default=False, description="the lineage writer finds the repository unreachable: records stay queued"
+    )
 
 
 class TrainConfig(_Frozen):
@@ -198,6 +201,11 @@ class TrainConfig(_Frozen):
     )
     report: bool = Field(default=True, description="write the summary table and the loss plot at the end")
     resume: ResumePolicy = "auto"
+    allow_reverted: bool = Field(
+        default=False,
+        description="train on a data commit that a rollback of main reverted (refused otherwise); "
+        "the choice is recorded in the run's lineage",
+    )
     flow_run_id: str = ""
     log_samples: bool = Field(default=False, description="write the sample ids each rank trains on (tests)")
     peak_flops: float | None = Field(

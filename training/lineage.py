@@ -54,9 +54,14 @@ class LineageWriter:
         self._thread.start()
         return self
 
-    def record(self, repo_path: str, record: dict[str, Any]) -> None:
-        """Queue ``record`` for ``repo_path`` (never touches the repository on the caller's thread)."""
-        body = json.dumps({"path": repo_path, "record": record}, indent=2, sort_keys=True, default=str)
+    def record(self, repo_path: str, record: dict[str, Any], if_absent: bool = False) -> None:
+        """Queue ``record`` for ``repo_path`` (never touches the repository on the caller's thread).
+
+        ``if_absent``: written only where ``runs`` has no record at that path yet. For a record
+        queued again in case it was lost: one already there may say more (a forked
+        checkpoint's record names its run and where it was forked from; its files do not)."""
+        entry = {"path": repo_path, "record": record, **({"if_absent": True} if if_absent else {})}
+        body = json.dumps(entry, indent=2, sort_keys=True, default=str)
         name = f"{time.time_ns():020d}-{os.getpid()}.json"
         tmp = self.queue_dir / f".{name}.tmp"
         try:
@@ -84,6 +89,11 @@ class LineageWriter:
                 repo = self._repo = self._repo or self._open_repo()
                 _ensure_branch(repo)
                 entries = [json.loads(p.read_text()) for p in queued]
+                queued_paths = {e["path"] for e in entries if not e.get("if_absent")}
+                entries = [
+                    e for e in entries
+                    if not e.get("if_absent") or not (e["path"] in queued_paths or repo.exists(LINEAGE_BRANCH, e["path"]))
+                ]  # fmt: skip
                 for entry in entries:
                     data = (json.dumps(entry["record"], indent=2, sort_keys=True) + "\n").encode()
                     repo.put(LINEAGE_BRANCH, entry["path"], data)

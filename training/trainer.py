@@ -63,6 +63,7 @@ from training.metrics import (
     summary_table,
 )
 from training.model import GPT
+from training.reverted import Reverted, RevertedDataRefused, check_training_data
 from training.runlock import RunBusy, RunLock
 from training.runstate import (
     WarmupCosine,
@@ -83,7 +84,7 @@ from training.train_state import (
     restore_states,
     tensor_files,
 )
-from versioning import default_repo_spec, open_repo
+from versioning import DataRepo, TransientError, default_repo_spec, open_repo
 
 
 class DataChangeRefused(TrainingError):
@@ -142,9 +143,13 @@ class Trainer:
     # ---- builders ------------------------------------------------------------------------
 
     def _build_data(self) -> None:
-        """Bind to the data commit; fill and verify the shard cache (one process per machine)."""
+        """Bind to the data commit, refused when a rollback reverted it (unless allowed); fill and
+        verify the shard cache (one process per machine)."""
         repo = open_repo(self.repo_spec, create=False)
-        commit = self.dist.broadcast(repo.resolve(self.cfg.commit) if self.dist.is_main else None)
+        checked = self._check_data_commit(repo) if self.dist.is_main else None
+        commit, self.reverted, refusal = self.dist.broadcast(checked)
+        if refusal:  # every rank stops with the same sentence
+            raise RevertedDataRefused(refusal)
         self.binding, self.dataset = open_dataset(
             repo,
             self.repo_spec,
@@ -154,6 +159,17 @@ class Trainer:
             fetch=self.dist.local_rank == 0,
             barrier=self.dist.barrier,
         )
+
+    def _check_data_commit(self, repo: DataRepo) -> tuple[str, Reverted | None, str]:
+        """Rank 0: the data commit id, the verdict on it when training on it is allowed, or the refusal.
+
+        Here, not only in the train flow: a direct ``python -m training`` and every resume (a
+        retry, a torchrun restart) are checked against the rollbacks recorded by then."""
+        commit = repo.resolve(self.cfg.commit)
+        try:
+            return commit, check_training_data(repo, commit, self.cfg.allow_reverted), ""
+        except RevertedDataRefused as refused:
+            return commit, None, str(refused)
 
     def _build_model(self) -> None:
         """The model (parallelised), its optimizer, LR schedule, autocast and gradient scaler."""
@@ -234,7 +250,7 @@ class Trainer:
         }
         self.lineage = (
             LineageWriter(
-                lambda: open_repo(self.repo_spec, create=False),
+                self._open_lineage_repo,
                 config.run,
                 self.run_dir / "lineage-queue",
                 warn=self.say,
@@ -259,6 +275,21 @@ class Trainer:
         )
 
     # ---- setup helpers -------------------------------------------------------------------
+
+    def _open_lineage_repo(self) -> DataRepo:
+        if self.cfg.faults.lineage_outage:
+            raise TransientError("injected fault (faults.lineage_outage): the repository is unreachable")
+        return open_repo(self.repo_spec, create=False)
+
+    def _record_reverted_data(self) -> None:
+        """Training on data a rollback reverted was allowed: say so, and record it in the run's lineage."""
+        if self.reverted is None or not self.dist.is_main:
+            return
+        self.say(f"training on reverted data, as allowed (allow_reverted): {self.reverted.reason}")
+        if self.lineage:
+            event = {**self.reverted.to_dict(), "run": self.cfg.run, "step": self.progress.step,
+                     "allowed_by": "allow_reverted"}  # fmt: skip
+            self.lineage.record(event_record_path(self.cfg.run, "reverted-data", self.progress.step), event)
 
     def say(self, message: str) -> None:
         if self.dist.is_main:
@@ -380,7 +411,7 @@ class Trainer:
             )
         return timing
 
-    def _record_checkpoint(self, info: CheckpointInfo) -> None:
+    def _record_checkpoint(self, info: CheckpointInfo, if_absent: bool = False) -> None:
         record = {k: v for k, v in info.meta.items() if k != "config"}
         record["checkpoint"] = str(info.path)
         # enough of the config for `tokenlake lineage --step` to replay the sample order
@@ -389,7 +420,7 @@ class Trainer:
             "global_batch": self.cfg.global_batch,
             "heldout_fraction": self.cfg.data.heldout_fraction,
         }
-        self.lineage.record(checkpoint_record_path(self.cfg.run, info.step), record)
+        self.lineage.record(checkpoint_record_path(self.cfg.run, info.step), record, if_absent)
 
     def _find_checkpoint(self, max_step: int | None = None) -> CheckpointInfo | None:
         """Rank 0 verifies; every rank gets its answer (checkpoints sit on a shared filesystem)."""
@@ -428,8 +459,8 @@ class Trainer:
         if self.lineage:
             # A kill between a checkpoint's COMPLETE and the queueing of its lineage record
             # loses the record, and the newest checkpoint is the one that can be affected: queue
-            # it again (the same bytes, so the commit is a no-op when it was written).
-            self._record_checkpoint(info)
+            # it again, written only if it is missing (a fork's record of it says more).
+            self._record_checkpoint(info, if_absent=True)
         if changed:
             event = {
                 "step": self.progress.step,
@@ -624,6 +655,7 @@ class Trainer:
 
     def run(self) -> TrainResult:
         self.resume()
+        self._record_reverted_data()
         if self.dist.is_main:
             self.metrics = MetricsLog(
                 self.run_dir / "metrics.jsonl", self.cfg.steps, self.progress.step, self.cfg.progress

@@ -85,8 +85,13 @@ def _checkpoint_lineage(repo: Any, args: argparse.Namespace) -> int:
     print(f"checkpoint   {checkpoint.name}: step {checkpoint.step}, {checkpoint.tokens} tokens, "
           f"{_metrics(checkpoint.metrics)}")  # fmt: skip
     print(f"path         {checkpoint.checkpoint}")
+    if checkpoint.reverted is not None:
+        unmarked = "" if checkpoint.marked else " (no mark yet: `tokenlake rollback --to main` adds it)"
+        print(f"TAINTED      by {checkpoint.reverted.rollback}: {checkpoint.reverted.reason}{unmarked}")
     for mark in checkpoint.taints:
-        print(f"TAINTED      by {mark.rollback}: {mark.reason}")
+        if checkpoint.reverted is None or mark.rollback != checkpoint.reverted.rollback:
+            good = "" if checkpoint.tainted else "; its data is good again (restored or re-published since)"
+            print(f"marked       by {mark.rollback}: {mark.reason}{good}")
     print(_data_header(data))
     if data.stages:
         print()
@@ -123,7 +128,7 @@ def _data_lineage(repo: Any, args: argparse.Namespace) -> int:
     print(format_table([
         {"checkpoint": c.name, "step": c.step, "tokens": c.tokens, "loss": _number(c.metrics.get("loss")),
          "eval_loss": _number(c.metrics.get("eval_loss")), "saved": _when(c.saved_at),
-         "tainted": ", ".join(m.rollback for m in c.taints), "path": c.checkpoint}
+         "tainted": _taint_cell(c), "path": c.checkpoint}
         for c in checkpoints
     ]))  # fmt: skip
     return 0
@@ -146,33 +151,43 @@ def _data_header(data: Any) -> str:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    from flows.restore import plan_rollback
-    from flows.rollback import RollbackParams, rollback
+    from flows.rollback import MARKS_ONLY, RollbackParams, rollback
+    from flows.taint import plan_or_marks
     from versioning import default_repo_spec, open_repo
 
     params = RollbackParams(to=args.to, hard=args.hard, resume=args.resume, resume_steps=args.resume_steps,
                             repository=args.repo or default_repo_spec())  # fmt: skip
-    plan_rollback(open_repo(params.repository, create=False), params.to, params.hard)  # refuses before Prefect starts
+    plan_or_marks(open_repo(params.repository, create=False), params.to, params.hard)  # refuses before Prefect starts
     report = rollback(params)
     if args.json:
         print(json.dumps(asdict(report), indent=2))
         return 0
-    print(f"rollback {report.tag}: main restored to {report.target_ref} ({report.target[:SHORT]}) "
-          f"by {report.method}; main is {report.main[:SHORT]}")  # fmt: skip
+    if report.method == MARKS_ONLY:
+        print(f"main already holds {report.target_ref} ({report.target[:SHORT]}): nothing to roll back")
+    else:
+        print(f"rollback {report.tag}: main restored to {report.target_ref} ({report.target[:SHORT]}) "
+              f"by {report.method}; main is {report.main[:SHORT]}")  # fmt: skip
     if report.reverted:
         print(f"reverted: {', '.join(c[:SHORT] for c in report.reverted)}")
     if report.tainted:
         print(f"\n{len(report.tainted)} checkpoint(s) tainted (marked in lineage, kept on disk):")
         print(format_table([
             {"checkpoint": t["checkpoint"], "tokens": t["tokens"], "loss": _number(t["metrics"].get("loss")),
-             "data commit": t["data_commit"][:SHORT], "path": t["path"]}
+             "data commit": t["data_commit"][:SHORT], "tainted by": t["tainted_by"], "path": t["path"]}
             for t in report.tainted
         ]))  # fmt: skip
-    else:
+    elif report.method != MARKS_ONLY:
         print("no checkpoint was trained on the data that left main")
     for run in report.resumed:
         print(f"resumed {run.run} from {run.from_checkpoint} on {run.data_commit[:SHORT]}: reached step {run.step}")
     return 0
+
+
+def _taint_cell(checkpoint: Any) -> str:
+    """The rollback that reverted the checkpoint's data, and whether a mark names it yet."""
+    if checkpoint.reverted is None:
+        return ""
+    return checkpoint.reverted.rollback + ("" if checkpoint.marked else " (not marked yet)")
 
 
 def _metrics(metrics: dict[str, Any]) -> str:
@@ -197,6 +212,8 @@ def _event_detail(event: dict[str, Any]) -> str:
         return f"forked from {event['from_run']}@{event['from_step']} after {event['rollback']}"
     if event["kind"] == "data-change":
         return f"data {event['from']['commit'][:SHORT]} -> {event['to']['commit'][:SHORT]} ({event.get('allowed_by', '')})"
+    if event["kind"] == "reverted-data":
+        return f"trained on data {event['data_commit'][:SHORT]} reverted by {event['rollback']} ({event['allowed_by']})"
     if event["kind"] == "rollback":
         return f"rolled back to step {event.get('to_step', '?')}: {event.get('reason', '')}"
     return json.dumps({k: v for k, v in event.items() if k not in ("run", "kind", "step")}, default=str)[:120]

@@ -3,6 +3,7 @@
     tokenlake train --dataset v3 --steps 2000 --preset small --nproc 2
     tokenlake train --dataset v3 --nnodes 2 --nproc 8 --rdzv-endpoint node0:29400   # on node 0
     tokenlake train --dataset main --run demo --resume allow-data-change
+    tokenlake train --dataset ds-20260101-2 --allow-reverted   # on purpose, recorded in lineage
     tokenlake train --dataset main --set global_batch=32 --set checkpoint.every=100
 
 ``--set`` takes any TrainConfig field (dotted for nested ones); values are JSON when they
@@ -54,6 +55,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="auto: continue the run's newest valid checkpoint; never: refuse an existing run; "
         "allow-data-change: continue even on another data commit (recorded)",
     )  # fmt: skip
+    parser.add_argument(
+        "--allow-reverted", action="store_true",
+        help="train on a dataset version that a rollback of main reverted (refused otherwise; recorded in lineage)",
+    )  # fmt: skip
     parser.add_argument("--retries", type=int, default=2, help="restarts of a crashed torchrun (default: 2)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -88,7 +93,8 @@ def run_train(args: argparse.Namespace) -> int:
     params = TrainParams(
         dataset=args.dataset, steps=args.steps, preset=args.preset, nproc=args.nproc, nnodes=args.nnodes,
         rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, run=args.run,
-        resume=args.resume, retries=args.retries, repo=args.repo, overrides=parse_overrides(args.overrides),
+        resume=args.resume, allow_reverted=args.allow_reverted, retries=args.retries, repo=args.repo,
+        overrides=parse_overrides(args.overrides),
     )  # fmt: skip
     summary = train_flow(params)
     print(summary_table(summary.metrics), end="")

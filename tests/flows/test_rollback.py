@@ -9,7 +9,7 @@ import pytest
 
 from flows.lineage import checkpoints_on, describe_data, read_lineage
 from flows.restore import RollbackRefused, plan_rollback, restore_main
-from flows.taint import find_tainted, mark_tainted
+from flows.taint import find_tainted, mark_tainted, rollback_record
 from flows.wap import MAIN, publish_lock
 from tests.flows.lineage_support import (
     BAD_SOURCES,
@@ -114,9 +114,10 @@ def test_checkpoints_on_data_that_left_main_are_tainted_and_kept(backend):
     restored = restore_main(repo, plan, "flow-1")
     write_checkpoint_records(repo, "after", restored.head, [0])
     index = read_lineage(repo)
-    tainted = find_tainted(repo, index, plan, restored)
+    record = rollback_record(repo, plan, restored, "flow-1")
+    tainted = find_tainted(repo, index, record)
     assert [c.name for c in tainted] == ["bad@0", "bad@2", "built-on-bad@0", "staged@0"]
-    mark_tainted(repo, index, plan, restored, tainted, "flow-1")
+    mark_tainted(repo, tainted, record, "flow-1")
 
     index = read_lineage(repo)
     assert {c.name for c in index.checkpoints if c.tainted} == {c.name for c in tainted}

@@ -63,6 +63,22 @@ def test_a_lineage_record_lost_to_a_kill_after_the_checkpoint_is_written_again_o
     assert repo.get("runs", path) == written
 
 
+def test_a_restart_leaves_a_checkpoint_record_already_written_as_it_is(dataset):
+    # the rollback's fork writes the record of the checkpoint it hard-links into a new run (that
+    # run's name, forked_from); the checkpoint's own meta.json still names the old run
+    config = make_config(dataset, "forked", steps=4)
+    train(config)
+    repo = LocalRepo(dataset.repo)
+    path = "runs/forked/checkpoints/step-0000004.json"
+    forked = {**json.loads(repo.get("runs", path)), "forked_from": {"from_run": "elsewhere", "from_step": 4}}
+    written = (json.dumps(forked, indent=2, sort_keys=True) + "\n").encode()
+    repo.put("runs", path, written)
+    repo.commit("runs", "the fork's record of the checkpoint", {})
+    train(config)  # resumes at the last step and queues that checkpoint's record again, if absent
+    assert repo.get("runs", path) == written
+    assert not list((config.run_dir() / "lineage-queue").glob("*.json"))
+
+
 def test_resuming_on_another_data_commit_is_refused_unless_allowed_and_then_recorded(dataset):
     train(make_config(dataset, "moved", steps=4))
     other = publish_synthetic_dataset(
