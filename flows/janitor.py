@@ -33,6 +33,7 @@ from prefect.states import Crashed
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.wap import PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX, flow_run_of_branch, publish_in_progress
+from tasks.stage_task import IO_RETRIES
 from versioning import DataRepo, NotFound, open_repo
 
 _LIVE_STATES = {StateType.RUNNING, StateType.PENDING, StateType.CANCELLING, StateType.PAUSED}
@@ -177,7 +178,7 @@ def _judge_lock(client: Any, repo: DataRepo, dry_run: bool) -> tuple[str, str, f
     return holder["flow_run_id"], "alive", None, False, "a publish is in progress; kept"
 
 
-@task(name="janitor-sweep", retries=3, retry_delay_seconds=[2, 8, 30], retry_jitter_factor=0.5)
+@task(name="janitor-sweep", **IO_RETRIES)
 def sweep_task(repository: str | None, max_age_hours: float, dry_run: bool) -> list[Verdict]:
     return sweep(open_repo(repository, create=False), max_age_hours, dry_run)
 

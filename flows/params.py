@@ -59,7 +59,7 @@ class GateConfig(BaseModel):
 
 
 class RetryConfig(BaseModel):
-    """Retries of the IO tasks: exponential backoff with jitter."""
+    """Retries of the stage tasks: Prefect's exponential backoff with jitter."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -67,8 +67,16 @@ class RetryConfig(BaseModel):
     backoff_seconds: float = Field(default=2.0, ge=0, description="first delay; doubles with each retry")
     jitter_factor: float = Field(default=0.5, ge=0, description="random extra delay, as a fraction of the delay")
 
-    def delays(self) -> list[float]:
-        return [self.backoff_seconds * 2**attempt for attempt in range(self.retries)]
+    def task_options(self) -> dict[str, Any]:
+        """Prefect task options: ``retries`` delays of backoff_seconds, doubling
+        (``prefect.tasks.exponential_backoff``), each plus up to jitter_factor of itself."""
+        from prefect.tasks import exponential_backoff
+
+        return {
+            "retries": self.retries,
+            "retry_delay_seconds": exponential_backoff(backoff_factor=self.backoff_seconds),
+            "retry_jitter_factor": self.jitter_factor,
+        }
 
 
 class CurateParams(BaseModel):
@@ -138,6 +146,18 @@ def one_sentence(exc: ValidationError) -> str:
     message = error["msg"].removeprefix("Value error, ")
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"{where}: {message}{more}"
+
+
+def flag_sentence(exc: ValidationError, flags: dict[str, str] | None = None) -> str:
+    """:func:`one_sentence` for values given as command-line flags: the field ``max_restarts``
+    is named ``--max-restarts`` (``flags`` maps fields whose flag is named otherwise)."""
+    field = str(exc.errors()[0]["loc"][0]) if exc.errors()[0]["loc"] else ""
+    flag = (flags or {}).get(field, "--" + field.replace("_", "-"))
+    text = one_sentence(exc)
+    if not field:
+        return text
+    rest = text.removeprefix(field)  # ": message", or ".nested.field: message"
+    return f"{flag} {rest[1:]}" if rest.startswith(".") else f"{flag}{rest}"
 
 
 def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:

@@ -190,7 +190,7 @@ def publish(
 ) -> PublishedVersion:
     """Merge ``run_head`` into main and tag it; idempotent, so a retried task never publishes twice.
 
-    Called once the flow's publish gates held (``flows.curate.check_gates``). The merge commit
+    Called once the flow's publish gates held (``flows.curate.check_gates``, in the publish task). The merge commit
     records that (``gate``), and each stage commit's own gate (``gates``), for the commit it merges
     (``input_commit``): what the publish guard's pre-merge hook requires.
     """

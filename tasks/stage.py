@@ -123,11 +123,13 @@ class StageReport(DocumentCounts):
 
 @dataclass(frozen=True)
 class StageResult:
-    """What a stage task returns to the flow: the commit that ended it and its report."""
+    """What a stage task returns to the flow: the commit that ended it, its report, and the flow
+    run that computed it (a reused result names the run that did the work)."""
 
     stage: str
     commit_id: str
     report: dict[str, Any]
+    flow_run_id: str = ""
 
 
 class SourceOutput(DocumentCounts):
@@ -316,4 +318,4 @@ def run_stage(
     """Run a stage and end it in its commit: what every ``<stage>_task`` does, without Prefect."""
     report = run(repo, branch, input_commit, config, **options)
     commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id)
-    return StageResult(stage=report.stage, commit_id=commit_id, report=report.to_dict())
+    return StageResult(report.stage, commit_id, report.to_dict(), flow_run_id or "")

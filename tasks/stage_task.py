@@ -9,6 +9,7 @@ from typing import Any
 from prefect.artifacts import create_table_artifact
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
+from prefect.tasks import exponential_backoff
 
 from tasks.stage import StageFunction, StageResult, run_stage
 from versioning import TransientError, open_repo
@@ -25,11 +26,12 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-# every task that talks to the repository (stages, branch and publish tasks): exponential
-# backoff with jitter, so many runs retrying one lakeFS do not retry in step
+# every task that talks to the repository (stages, branch and publish tasks): Prefect's
+# exponential backoff (1, 2, 4, 8 s) with jitter, so many runs retrying one lakeFS do not
+# retry in step
 IO_RETRIES: dict[str, Any] = {
     "retries": 4,
-    "retry_delay_seconds": [1, 2, 4, 8],
+    "retry_delay_seconds": exponential_backoff(backoff_factor=1),
     "retry_jitter_factor": 0.5,
     "retry_condition_fn": retry_transient,
 }

@@ -37,9 +37,9 @@ def run(repo_dir: Path, *args: str) -> int:
 def test_log_table_and_json(repo_dir: Path, capsys: pytest.CaptureFixture[str]):
     assert run(repo_dir, "log", "dev") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["commit", "created", "(UTC)", "kind", "message", "metadata"]
-    assert [line.split("  ")[-1].strip() for line in lines[1:3]] == ["edit on dev", "stage=ingest"]
-    assert len(lines) == 4
+    assert lines[0].split() == ["commit", "created", "(UTC)", "kind", "message", "stage,", "counts,", "gate"]
+    assert [line.split("  ")[-1].strip() for line in lines[1:3]] == ["edit on dev", "ingest"]
+    assert len(lines) == 5 and lines[-1] == "(every metadata field of each commit: --json)"
     assert lines[1].index("edit on dev") == lines[2].index("ingest")  # aligned columns
 
     assert run(repo_dir, "log", "--limit", "1", "--json") == 0
@@ -134,4 +134,4 @@ def test_a_missing_repository_is_not_created(tmp_path: Path, capsys: pytest.Capt
 def test_limit_must_be_a_number(repo_dir: Path, capsys: pytest.CaptureFixture[str]):
     with pytest.raises(SystemExit):
         run(repo_dir, "log", "--limit", "-3")
-    assert "expected a number >= 0" in capsys.readouterr().err
+    assert "argument --limit: expected a whole number >= 0, got -3" in capsys.readouterr().err
