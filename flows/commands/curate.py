@@ -146,12 +146,23 @@ def repository_state(spec: str, main_before: str | None, branch: str | None) -> 
     """What became of main and the run branch, as checked in the repository now."""
     from versioning import open_repo
 
+    from flows import publish_guard
+    from formats.layout import MAIN
+
     now = main_head(spec)
     if now == main_before:
         where = f"still {now[:12]}" if now else "no dataset version yet"
         said = f"main is unchanged ({where})"
     else:
-        said = f"main moved from {(main_before or 'nothing')[:12]} to {(now or 'nothing')[:12]} (another run published?)"
+        added = []
+        for commit in open_repo(spec, create=False).log(MAIN, limit=20):
+            if commit.id == main_before:
+                break
+            added.append(commit)
+        if all(c.metadata.get("stage") == publish_guard.INSTALL_STAGE for c in added):
+            said = "main is unchanged but for the publish guard this run installed on it (no dataset version)"
+        else:
+            said = f"main moved from {(main_before or 'nothing')[:12]} to {(now or 'nothing')[:12]} (another run published?)"
     if branch is None:
         return said + "."
     if now is not None and branch in open_repo(spec, create=False).list_branches():
