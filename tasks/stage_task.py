@@ -66,6 +66,37 @@ def stage_table(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def stage_name(run: StageFunction) -> str:
+    """``run_ingest`` -> ``ingest``."""
+    return run.__name__.removeprefix("run_")
+
+
+def _reasons(rejected: dict[str, int]) -> str:
+    return ", ".join(f"{reason}: {n}" for reason, n in sorted(rejected.items(), key=lambda kv: -kv[1])) or "none"
+
+
+def stage_lines(report: dict[str, Any]) -> list[str]:
+    """What a stage read, kept and quarantined, per source and in total, and its note: the lines
+    a person watching the run's log reads."""
+    lines = []
+    for source, stats in sorted(report["per_source"].items()):
+        if "documents_in" in stats:
+            lines.append(
+                f"{source}: read {stats['documents_in']} documents, kept {stats['kept']}, "
+                f"quarantined {sum(stats['rejected'].values())} ({_reasons(stats['rejected'])})"
+            )
+    if lines:
+        lines.append(
+            f"all sources: read {report['documents_in']}, kept {report['kept']}, "
+            f"quarantined {report['rejected_total']} ({_reasons(report['rejected'])})"
+        )
+    if report["tokens"]:
+        lines.append(f"{report['tokens']} tokens")
+    if report["note"]:
+        lines.append(report["note"])
+    return lines
+
+
 def run_stage_task(
     run: StageFunction,
     repo_spec: str,
@@ -78,21 +109,13 @@ def run_stage_task(
     """What a ``<stage>_task`` does: run the stage and commit it (:func:`tasks.stage.run_stage`),
     log what it did, leave its table artifact."""
     log = stage_logger(run.__module__)
-    log.info("%s: input commit %s onto branch %s", run.__name__, input_commit, branch)
+    log.info("%s: input commit %s onto branch %s", stage_name(run), input_commit, branch)
     result = run_stage(run, open_repo(repo_spec), branch, input_commit, config, flow_run_id, **options)
     report = result.report
+    for line in stage_lines(report):
+        log.info("%s: %s", result.stage, line)
     gate = (report["expectations"] or {}).get("summary", "none")
-    log.info(
-        "%s: kept %s of %s, rejected %s%s; gate %s; %.1f s; commit %s",
-        result.stage,
-        report["kept"],
-        report["documents_in"],
-        report["rejected"],
-        f"; {report['note']}" if report["note"] else "",
-        gate,
-        report["seconds"],
-        result.commit_id,
-    )
+    log.info("%s: gate %s; %.1f s; commit %s", result.stage, gate, report["seconds"], result.commit_id)
     if TaskRunContext.get() is not None:  # ``task.fn`` leaves no artifact
         create_table_artifact(
             table=stage_table(report),

@@ -144,10 +144,9 @@ def failure_report(exc: BaseException, spec: str, main_before: str | None, branc
 
 def repository_state(spec: str, main_before: str | None, branch: str | None) -> str:
     """What became of main and the run branch, as checked in the repository now."""
-    from versioning import open_repo
-
     from flows import publish_guard
     from formats.layout import MAIN
+    from versioning import open_repo
 
     now = main_head(spec)
     if now == main_before:

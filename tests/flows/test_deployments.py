@@ -144,6 +144,10 @@ def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_sta
         ("ingest", "validate", "dedup"), "Cached"
     )
     assert retried["shard"] == retried["mix"] == "Completed"
+    with get_client(sync_client=True) as client:
+        every = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    # the failed attempt: open-run-branch + ingest..shard; the retry: open-run-branch + 5 stages + publish
+    assert len(every) == 5 + 7, sorted(r.name for r in every)
     assert len([t for t in repo.list_tags() if t.startswith("ds-")]) == 2
 
 
