@@ -44,7 +44,7 @@ class JanitorParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     repository: str | None = Field(
-        default=None, description="local directory or lakefs://<repository>; default $TOKENLAKE_REPO"
+        default=None, description="local directory or lakefs://REPOSITORY; default $TOKENLAKE_REPO"
     )
     max_age_hours: float = Field(
         default=24.0, ge=0, description="keep a dead run's branch this long after the run ended"

@@ -27,12 +27,12 @@ class RepositoryConfig(BaseModel):
 
     spec: str | None = Field(
         default=None,
-        description="a local directory or lakefs://<repository> (lakectl configuration); "
-        "default $TOKENLAKE_REPO, else <data home>/repo",
+        description="a local directory or lakefs://REPOSITORY (lakectl configuration); "
+        "default $TOKENLAKE_REPO, else the data home's repo folder",
     )
     results: str | None = Field(
         default=None,
-        description="directory of cached stage results; default $TOKENLAKE_RESULTS, else <data home>/results",
+        description="directory of cached stage results; default $TOKENLAKE_RESULTS, else the data home's results folder",
     )
     lakefs_ui: str | None = Field(
         default=None, description="lakeFS UI base URL for links in the summary; default the lakeFS endpoint"

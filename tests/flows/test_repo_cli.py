@@ -135,3 +135,16 @@ def test_limit_must_be_a_number(repo_dir: Path, capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         run(repo_dir, "log", "--limit", "-3")
     assert "argument --limit: expected a whole number >= 0, got -3" in capsys.readouterr().err
+
+
+def test_log_shows_stage_counts_and_gate_and_json_has_every_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    repo = LocalRepo(tmp_path / "repo")
+    repo.ensure()
+    meta = {"stage": "validate", "documents_in": "853", "kept": "750", "rejected": "103", "tokens": "0",
+            "gate": "passed", "gate_summary": "passed 27/27 expectations " + "x" * 200, "input_commit": "a" * 64}  # fmt: skip
+    repo.commit("main", "validate: kept 750 of 853", meta, allow_empty=True)
+    assert run(tmp_path / "repo", "log", "--limit", "1") == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    assert row.endswith("validate: kept 750 of 853  validate, kept 750 of 853, gate passed")
+    assert run(tmp_path / "repo", "log", "--limit", "1", "--json") == 0
+    assert json.loads(capsys.readouterr().out)[0]["metadata"] == meta
