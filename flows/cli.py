@@ -86,7 +86,7 @@ def explain(exc: BaseException) -> tuple[int, str]:
     """(exit status, the sentences a user reads) for an exception that ended a command."""
     from pydantic import ValidationError
 
-    from flows.params import one_sentence
+    from flows.commands.values import one_sentence
     from versioning import RepoError
 
     if isinstance(exc, CommandFailed):

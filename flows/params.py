@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
+from flows.commands.values import one_sentence
 from formats.mix import MixSpec
 from tasks.dedup.config import DedupConfig
 from tasks.ingest.config import IngestConfig
@@ -137,27 +138,6 @@ def check_ready(params: CurateParams, repo_spec: str) -> None:
         if unknown:
             raise ConfigError(f"{where} names {', '.join(unknown)}, not among the sources ({', '.join(sorted(names))})")
     open_repo(repo_spec).list_branches()  # reachable, and created when new
-
-
-def one_sentence(exc: ValidationError) -> str:
-    """The first validation error as 'field.path: message' (there is usually one)."""
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-    message = error["msg"].removeprefix("Value error, ")
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{where}: {message}{more}"
-
-
-def flag_sentence(exc: ValidationError, flags: dict[str, str] | None = None) -> str:
-    """:func:`one_sentence` for values given as command-line flags: the field ``max_restarts``
-    is named ``--max-restarts`` (``flags`` maps fields whose flag is named otherwise)."""
-    field = str(exc.errors()[0]["loc"][0]) if exc.errors()[0]["loc"] else ""
-    flag = (flags or {}).get(field, "--" + field.replace("_", "-"))
-    text = one_sentence(exc)
-    if not field:
-        return text
-    rest = text.removeprefix(field)  # ": message", or ".nested.field: message"
-    return f"{flag} {rest[1:]}" if rest.startswith(".") else f"{flag}{rest}"
 
 
 def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:

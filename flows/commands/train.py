@@ -97,7 +97,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
-    from flows.params import flag_sentence
+    from flows.commands.values import flag_sentence
     from flows.train import TrainParams, train_flow
 
     try:
@@ -118,7 +118,7 @@ def check_train_config(params: Any, commit: str) -> None:
     named as the flag, in one sentence)."""
     from pydantic import ValidationError
 
-    from flows.params import one_sentence
+    from flows.commands.values import one_sentence
 
     try:
         params.train_config(commit, flow_run_id="")

@@ -12,7 +12,6 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import TypeVar
 
 import pyarrow as pa
-from prefect.tasks import exponential_backoff
 
 from tasks.ingest.config import IngestConfig, SourceConfig
 from tasks.ingest.documents import ingest_partition
@@ -31,9 +30,7 @@ class PartitionFailed(RuntimeError):
 def with_retries(
     work: Callable[[], T], retries: int, what: str, backoff_seconds: float = RETRY_BASE_SECONDS
 ) -> T:
-    """``work()``, retried up to ``retries`` times with Prefect's exponential backoff (a partition
-    is not a task of its own); a config error is not retried."""
-    delays = exponential_backoff(backoff_factor=backoff_seconds)(retries)
+    """``work()``, retried up to ``retries`` times with exponential backoff; a config error is not retried."""
     for attempt in range(retries + 1):
         try:
             return work()
@@ -43,7 +40,7 @@ def with_retries(
             if attempt == retries:
                 raise PartitionFailed(f"{what} failed {retries + 1} time(s); last error: {exc!r}") from exc
             log.warning("%s failed (%r); retry %d of %d", what, exc, attempt + 1, retries)
-            time.sleep(delays[attempt])
+            time.sleep(backoff_seconds * 2**attempt)
     raise AssertionError("unreachable")
 
 
