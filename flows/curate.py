@@ -17,6 +17,9 @@ bookkeeping between them is the flow's own code.
 
 from __future__ import annotations
 
+import logging
+import random
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -37,7 +40,7 @@ from tasks.shard.task import shard_task
 from tasks.stage import StageResult, config_hash
 from tasks.stage_task import IO_RETRIES
 from tasks.validate.task import validate_task
-from versioning import NotFound, RepoError, data_home, default_repo_spec, open_repo, validate_path
+from versioning import NotFound, RepoError, TransientError, data_home, default_repo_spec, open_repo, validate_path
 
 
 class PublishRefused(RuntimeError):
@@ -57,13 +60,32 @@ def discard_run_branch(flow: Any, flow_run: Any, state: Any) -> None:
         params = CurateParams.model_validate((flow_run.parameters or {}).get("params") or {})
     except ValidationError:
         return  # the run failed on its parameters, before it opened a branch
-    spec = params.repository.spec or default_repo_spec()
-    try:
-        open_repo(spec, create=False).delete_branch(run_branch(str(flow_run.id)))
-    except NotFound:
-        pass  # never opened, or already gone
-    except RepoError as exc:  # the janitor removes it later
-        get_run_logger().warning("curate: could not remove the run branch: %s; `tokenlake janitor` will", exc)
+    delete_run_branch(params.repository.spec or default_repo_spec(), run_branch(str(flow_run.id)))
+
+
+def delete_run_branch(repo_spec: str, branch: str) -> None:
+    """Delete a failed run's branch, retried as IO tasks are: what failed the run may be lakeFS
+    being down, and the delete then needs it back. If it never comes back, the janitor removes
+    the branch later."""
+    delays = IO_RETRIES["retry_delay_seconds"](IO_RETRIES["retries"])
+    for delay in [*delays, None]:
+        try:
+            open_repo(repo_spec, create=False).delete_branch(branch)
+            return
+        except NotFound:
+            return  # never opened, or already gone
+        except TransientError as exc:
+            if delay is None:
+                _warn_branch_left(branch, exc)
+                return
+            time.sleep(delay * (1 + random.uniform(0, IO_RETRIES["retry_jitter_factor"])))
+        except RepoError as exc:
+            _warn_branch_left(branch, exc)
+            return
+
+
+def _warn_branch_left(branch: str, exc: Exception) -> None:
+    logging.getLogger(__name__).warning("curate: run branch %s is left (%s); `tokenlake janitor` removes it", branch, exc)
 
 
 @flow(name="curate", log_prints=True, on_failure=[discard_run_branch], on_crashed=[discard_run_branch])

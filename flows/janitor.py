@@ -1,6 +1,6 @@
 """The janitor: removes run branches (and a publish lock) left behind by dead curate runs.
 
-A failed curate run deletes its own branch (its Prefect transaction rolls back); only a
+A failed curate run deletes its own branch (the flow's on_failure/on_crashed hooks); only a
 process that was killed leaves one behind. A branch ``curate-<flow run id>`` is removed when
 
 * its flow run is not alive: in a final state, or Running/Pending while the process named
