@@ -40,7 +40,15 @@ from tasks.shard.task import shard_task
 from tasks.stage import StageResult, config_hash
 from tasks.stage_task import IO_RETRIES
 from tasks.validate.task import validate_task
-from versioning import NotFound, RepoError, TransientError, data_home, default_repo_spec, open_repo, validate_path
+from versioning import (
+    NotFound,
+    RepoError,
+    TransientError,
+    data_home,
+    default_repo_spec,
+    open_repo,
+    validate_path,
+)
 
 
 class PublishRefused(RuntimeError):

@@ -121,6 +121,7 @@ def failure_report(exc: BaseException, spec: str, main_before: str | None, branc
     """One paragraph on a failed curate run: which gate failed and its failing expectations (or
     the error), where the Data Docs are, and what became of main and the run branch."""
     from flows.curate import PublishRefused
+    from flows.wap import MainMoved
     from tasks.gates import ExpectationsFailed
 
     if isinstance(exc, ExpectationsFailed):
@@ -131,6 +132,8 @@ def failure_report(exc: BaseException, spec: str, main_before: str | None, branc
     elif isinstance(exc, PublishRefused):
         lines = ["the publish gates ([gates] of the config) refused the run:"]
         lines += [f"  - {failure}" for failure in exc.failures]
+    elif isinstance(exc, MainMoved):
+        lines = [f"not published: {exc}."]
     elif (train := sys.modules.get("flows.train")) and isinstance(exc, train.TrainingFailed):
         # the pipeline published, then training failed
         return f"training failed: {exc}; the dataset version stays published (`tokenlake datasets`)"

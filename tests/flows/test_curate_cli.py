@@ -149,3 +149,23 @@ def test_a_dataset_ref_that_does_not_exist_fails_before_prefect_starts(tmp_path)
     done = subprocess.run(bad, env=env, capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.startswith("tokenlake: error: --preset: Input should be 'tiny'")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_run_refused_because_main_moved_says_what_moved_it_not_unexpected(tmp_path):
+    from flows.commands.curate import failure_report
+    from flows.wap import MainMoved
+
+    repo = LocalRepo(tmp_path / "repo")
+    repo.ensure()
+    before = repo.resolve("main")
+    repo.put("main", "mix.json", b"{}")
+    moved = repo.commit("main", "another run's publish", {}).id
+    refusal = MainMoved(
+        "main moved while this run was curating: flow run r2 published ds-20260101-1 (commit 0123456789ab); "
+        "nothing was merged, run curate again to build on it"
+    )
+    lines = failure_report(refusal, str(repo.root), before, "curate-r1").splitlines()
+    assert lines[0] == f"not published: {refusal}."
+    assert lines[-1] == (
+        f"main moved from {before[:12]} to {moved[:12]} (another run published?) and the run branch curate-r1 was removed."
+    )
