@@ -297,9 +297,15 @@ def commit_stage(
     meta = stage_metadata(report.stage, stage_config_hash, input_commit, flow_run_id, report) | report.commit_metadata
     # allow_empty: a retried stage may rewrite byte-identical outputs, and every stage still
     # ends in its own commit (the next stage's input, and the stage's cache entry)
-    return repo.commit(
-        branch, f"{report.stage}: kept {report.kept} of {report.documents_in}", meta, allow_empty=True
-    ).id
+    return repo.commit(branch, commit_message(report), meta, allow_empty=True).id
+
+
+def commit_message(report: StageReport) -> str:
+    """``<stage>: kept K of N``; a stage that reads no documents (mix reads the manifest) says
+    what it made instead of "kept 0 of 0"."""
+    if report.documents_in or report.rejected_total or not report.note:
+        return f"{report.stage}: kept {report.kept} of {report.documents_in}"
+    return f"{report.stage}: {report.note}"
 
 
 StageFunction = Callable[..., StageReport]

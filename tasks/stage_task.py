@@ -59,7 +59,11 @@ def stage_table(report: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per source (its counts and facts) and a total: documents in, kept, rejected by
     reason, tokens, seconds."""
     rows = [{"source": name, **_cells(stats)} for name, stats in sorted(report["per_source"].items())]
+    per_source = report["per_source"].values()
+    reads_documents = not per_source or any("documents_in" in stats for stats in per_source)
+    # a stage that reads no documents (mix reads the manifest) shows no "0 in, 0 kept"
     total = {"documents_in": report["documents_in"], "kept": report["kept"], "rejected": report["rejected"]}
+    total = total if reads_documents else {}
     rows.append(
         {"source": "(all)", **_cells(total), "tokens": report["tokens"], "seconds": round(report["seconds"], 2)}
     )

@@ -193,7 +193,8 @@ def _metadata_text(commit: Commit) -> str:
     """The metadata a reader scans for: the stage, its counts, its gate, a published tag."""
     meta = commit.metadata
     parts = [meta["stage"]] if meta.get("stage") else []
-    if "documents_in" in meta and "kept" in meta:
+    # a stage that reads no documents (mix) records 0 of 0: not a count worth showing
+    if "documents_in" in meta and "kept" in meta and (meta["documents_in"], meta.get("rejected", "0")) != ("0", "0"):
         parts.append(f"kept {meta['kept']} of {meta['documents_in']}")
     if meta.get("tokens", "0") not in ("", "0"):
         parts.append(f"{meta['tokens']} tokens")

@@ -148,3 +148,13 @@ def test_log_shows_stage_counts_and_gate_and_json_has_every_field(tmp_path: Path
     assert row.endswith("validate: kept 750 of 853  validate, kept 750 of 853, gate passed")
     assert run(tmp_path / "repo", "log", "--limit", "1", "--json") == 0
     assert json.loads(capsys.readouterr().out)[0]["metadata"] == meta
+
+
+def test_log_leaves_out_the_document_counts_of_a_stage_that_reads_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    repo = LocalRepo(tmp_path / "repo")
+    repo.ensure()
+    meta = {"stage": "mix", "documents_in": "0", "kept": "0", "rejected": "0", "tokens": "2242304"}
+    repo.commit("main", "mix: 4379 samples over 2 sources, mix 0123456789ab", meta, allow_empty=True)
+    assert run(tmp_path / "repo", "log", "--limit", "1") == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    assert row.endswith("mix: 4379 samples over 2 sources, mix 0123456789ab  mix, 2242304 tokens")
