@@ -2,6 +2,9 @@
 
 The same events also reach in-process listeners (the CLI's console progress display), so a
 run from the shell and a run watched in the Prefect UI show the same progress.
+
+Cells never hold a lone ``-``: Prefect renders table and markdown artifacts as Markdown,
+where it is a list bullet. Nothing to say is ``none``; a count a stage does not keep is empty.
 """
 
 from __future__ import annotations
@@ -16,18 +19,38 @@ from uuid import UUID
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 from prefect.artifacts import update_progress_artifact as _update_progress
 
+from formats import layout
 from tasks.stage import StageResult
+
+SHORT_ID = 12
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """A stage of this run: its result, whether it was reused, and (if so) the run that computed it."""
+
+    result: StageResult
+    reused: bool = False
+    computed_by: str = ""
 
 
 @dataclass(frozen=True)
 class StageEvent:
-    """A stage started (``result`` None) or finished; ``reused`` when its output came from the cache."""
+    """A stage started (``run`` None) or finished, on the run branch ``branch``."""
 
     stage: str
     index: int  # 1-based position in the chain
     total: int
-    result: StageResult | None = None
-    reused: bool = False
+    branch: str = ""
+    run: StageRun | None = None
+
+    @property
+    def result(self) -> StageResult | None:
+        return self.run.result if self.run else None
+
+    @property
+    def reused(self) -> bool:
+        return bool(self.run and self.run.reused)
 
 
 Listener = Callable[[StageEvent], None]
@@ -57,48 +80,86 @@ def _notify(event: StageEvent) -> None:
 class RunProgress:
     """The run's progress artifact (percent of stages done) plus in-process listeners."""
 
-    def __init__(self, stages: Sequence[str]):
+    def __init__(self, stages: Sequence[str], branch: str = ""):
         self.stages = stages
+        self.branch = branch
         self.artifact_id: UUID = create_progress_artifact(
             0.0, key="curate-progress", description=f"curate: 0 of {len(stages)} stages"
         )
 
     def started(self, stage: str) -> None:
         """Listeners only: the artifact moves when a stage ends (each update is an API call)."""
-        _notify(StageEvent(stage, self.stages.index(stage) + 1, len(self.stages)))
+        _notify(StageEvent(stage, self.stages.index(stage) + 1, len(self.stages), self.branch))
 
-    def finished(self, result: StageResult, reused: bool) -> None:
-        index = self.stages.index(result.stage) + 1
-        _notify(StageEvent(result.stage, index, len(self.stages), result, reused))
-        self._update(index, f"curate: {result.stage} {'reused' if reused else 'done'} ({index} of {len(self.stages)})")
+    def finished(self, run: StageRun) -> None:
+        stage = run.result.stage
+        index = self.stages.index(stage) + 1
+        _notify(StageEvent(stage, index, len(self.stages), self.branch, run))
+        self._update(index, f"curate: {stage} {'reused' if run.reused else 'done'} ({index} of {len(self.stages)})")
 
     def _update(self, done: int, description: str) -> None:
         _update_progress(self.artifact_id, 100.0 * done / len(self.stages), description=description)
 
 
-def stage_row(result: StageResult, reused: bool) -> dict[str, Any]:
-    """Documents in, kept, quarantined by reason, tokens, seconds and commit of one stage."""
-    r = result.report
-    rejected = r.get("rejected") or {}
+def counts_documents(result: StageResult) -> bool:
+    """Whether the stage reads documents (mix reads the manifest: its document counts are not kept)."""
+    per_source = result.report.get("per_source") or {}
+    return not per_source or any("documents_in" in stats for stats in per_source.values())
+
+
+def produced(result: StageResult) -> str:
+    """What the stage's output holds, in words with units: documents, sequences, samples."""
+    report = result.report
+    extra = report.get("extra") or {}
+    if result.stage in layout.DOCUMENTS:
+        return f"{report.get('kept', 0):,} documents in {layout.DOCUMENTS[result.stage]}/"
+    if "total_samples" in extra:
+        return f"a plan of {extra['total_samples']:,} samples ({report.get('tokens', 0):,} tokens) in {layout.MIX}"
+    if "sequences" in extra:
+        ending = extra.get("documents_in_shards")
+        ends = f"; {ending:,} documents end in them" if ending is not None else ""
+        return f"{report.get('tokens', 0):,} tokens in {extra['sequences']:,} sequences{ends}"
+    return report.get("note") or "none"
+
+
+def stage_row(run: StageRun) -> dict[str, Any]:
+    """Documents in, kept, quarantined by reason, what it produced, seconds this run, commit."""
+    result, report = run.result, run.result.report
+    rejected = report.get("rejected") or {}
+    documents = counts_documents(result)
+    seconds = round(float(report.get("seconds", 0.0)), 2)
+    if run.reused:
+        ran = f"reused (computed in {seconds:.1f} s by run {run.computed_by or 'an earlier run'})"
+    else:
+        ran = "ran"
     return {
         "stage": result.stage,
-        "documents in": r.get("documents_in", 0),
-        "kept": r.get("kept", 0),
-        "quarantined": sum(rejected.values()),
-        "quarantined by reason": ", ".join(f"{k}: {v}" for k, v in sorted(rejected.items())) or "-",
-        "tokens": r.get("tokens", 0),
-        "seconds": round(float(r.get("seconds", 0.0)), 2),
+        "documents in": report.get("documents_in", 0) if documents else None,
+        "kept": report.get("kept", 0) if documents else None,
+        "quarantined": sum(rejected.values()) if documents else None,
+        "quarantined by reason": (", ".join(f"{k}: {v}" for k, v in sorted(rejected.items())) or "none")
+        if documents
+        else None,
+        "produced": produced(result),
+        "tokens": report.get("tokens", 0),
+        "seconds": 0.0 if run.reused else seconds,
+        "ran": ran,
         "commit": result.commit_id,
-        "ran": "reused" if reused else "ran",
     }
 
 
-def stages_table(done: list[tuple[StageResult, bool]]) -> None:
+def _cell(value: Any) -> str:
+    return "" if value is None else str(value).replace("|", "\\|")
+
+
+def stages_table(done: list[StageRun]) -> None:
     """One table for the run (each stage task leaves its own per-source table when it runs)."""
+    rows = [{k: _cell(v) for k, v in stage_row(run).items()} for run in done]
     create_table_artifact(
-        [stage_row(result, reused) for result, reused in done],
+        rows,
         key="curate-stages",
-        description="curate stages: documents in / kept / quarantined by reason, tokens, seconds",
+        description="curate stages: documents in / kept / quarantined by reason, what each produced, "
+        "seconds this run (0 when reused), commit",
     )
 
 
@@ -107,25 +168,40 @@ class SummaryLinks:
     data_docs: dict[str, str] = field(default_factory=dict)  # stage -> Great Expectations Data Docs
     lakefs_ui: str | None = None  # lakeFS UI base URL (lakeFS repositories only)
     repository: str = ""
+    funnel: str | None = None  # the funnel PNG on this machine
 
 
-def summary_markdown(
-    published: Any, branch: str, results: list[tuple[StageResult, bool]], links: SummaryLinks
-) -> str:
-    lines = [f"# curate: {published}", "", f"Run branch `{branch}`, repository `{links.repository}`.", ""]
-    rows = [stage_row(result, reused) for result, reused in results]
+def summary_markdown(published: Any, branch: str, done: list[StageRun], links: SummaryLinks) -> str:
+    state = "published" if published.new else "already published"
+    lines = [
+        f"# curate: {state} {published.tag} at {published.commit_id[:SHORT_ID]}",
+        "",
+        f"Dataset version: tag `{published.tag}`, commit `{published.commit_id}`.",
+        "",
+        f"Run branch `{branch}`, repository `{links.repository}`.",
+        "",
+    ]
+    rows = [stage_row(run) for run in done]
     if rows:
-        lines += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-        lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
-    lines += ["", f"Dataset version: tag `{published.tag}`, commit `{published.commit_id}`."]
-    for stage, url in links.data_docs.items():
-        lines.append(f"Great Expectations Data Docs of {stage}: {url}")
+        columns = [c for c in rows[0] if c != "commit"]
+        lines += ["| " + " | ".join(columns) + " | commit |", "|" + "---|" * (len(columns) + 1)]
+        lines += [
+            "| " + " | ".join(_cell(row[c]) for c in columns) + f" | `{row['commit'][:SHORT_ID]}` |" for row in rows
+        ]
+    if links.data_docs:
+        lines += ["", "Great Expectations Data Docs (each stage's gate):", ""]
+        lines += [f"- [{stage}]({url}) `{url}`" for stage, url in links.data_docs.items()]
+        if any(url.startswith("file://") for url in links.data_docs.values()):
+            lines += ["", "Browsers do not open `file://` links from a web page: copy the path into the address bar."]
+    if links.funnel:
+        lines += ["", f"Documents and tokens per source through the stages: `{links.funnel}` (the `curate-funnel` artifact)."]
     if links.lakefs_ui:
-        lines.append(f"lakeFS: {links.lakefs_ui}/repositories/{links.repository}/commits/{published.commit_id}")
+        url = f"{links.lakefs_ui}/repositories/{links.repository}/commits/{published.commit_id}"
+        lines += ["", f"lakeFS: [{published.tag}]({url})"]
     return "\n".join(lines) + "\n"
 
 
-def summary(published: Any, branch: str, results: list[tuple[StageResult, bool]], links: SummaryLinks) -> str:
-    text = summary_markdown(published, branch, results, links)
-    create_markdown_artifact(text, key="curate-summary", description=str(published))
+def summary(published: Any, branch: str, done: list[StageRun], links: SummaryLinks) -> str:
+    text = summary_markdown(published, branch, done, links)
+    create_markdown_artifact(text, key="curate-summary", description=f"{published.tag} at {published.commit_id[:SHORT_ID]}")
     return text

@@ -1,8 +1,11 @@
-"""The curate stages' cache: key = (stage, repository, input commit id, stage-config hash).
+"""The curate stages' cache: key = (stage, repository, input commit id, stage-config hash, code version).
 
-A stage reads its input at an immutable commit id, so a result keyed on that id and on the
-hash of the stage's config is exact: the same key can only ever mean the same output. Two
-inputs are not commits and are folded into the key as fingerprints:
+A stage reads its input at an immutable commit id, so a result keyed on that id, on the hash
+of the stage's config and on the version of the stage's code is exact: the same key can only
+ever mean the same output. The code version is a hash of the source files the stage runs
+(:func:`stage_code_version`), as Prefect's own default cache policy includes a task's source;
+editing a stage re-runs it and, since its commit changes, every stage after it. Two inputs
+are not commits and are folded into the key as fingerprints:
 
 * ingest reads nothing from the repository: its input is the source files, so its key is
   every selected file's path, size and modification time (as ``make`` and ``rsync`` judge
@@ -18,10 +21,12 @@ finds them. Whether a cached result may be *used* on a given run branch is decid
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +87,81 @@ def input_fingerprint(stage: str, config: Any, repo_spec: str) -> str:
     return ""
 
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+CODE_PACKAGES = ("tasks", "formats", "expectations")
+"""Our packages whose files can change what a stage writes; imports of anything else
+(pyarrow, tokenizers, versioning's storage) are the environment, not the stage's code."""
+
+
+def stage_source_files(stage: str, root: Path = PROJECT_ROOT) -> list[Path]:
+    """The files a stage runs: its package ``tasks/<stage>/`` and every module of
+    :data:`CODE_PACKAGES` it imports, directly or not (imports inside functions included),
+    with the data files of those packages (``expectations/*.json``, the suites its gate runs)."""
+    package = root / "tasks" / stage
+    if not (package / "__init__.py").is_file():
+        raise ValueError(f"no stage package {package}")
+    seen: set[Path] = set()
+    todo = sorted(package.glob("*.py"))
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        todo += _imported_files(path, root)
+    for folder in {p.parent for p in seen if p.parent != root}:
+        seen |= {f for f in folder.iterdir() if f.is_file() and f.suffix == ".json"}
+    return sorted(seen)
+
+
+def _imported_files(path: Path, root: Path) -> list[Path]:
+    """The files of our packages that ``path`` imports (each module's package ``__init__`` too)."""
+    module = ".".join(path.relative_to(root).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    files = []
+    for name in names:
+        parts = name.split(".")
+        if parts[0] not in CODE_PACKAGES:
+            continue
+        for depth in range(1, len(parts) + 1):  # a.b.c imports a, a.b and a.b.c
+            stem = root.joinpath(*parts[:depth])
+            for candidate in (stem / "__init__.py", stem.with_suffix(".py")):
+                if candidate.is_file():
+                    files.append(candidate)
+    return files
+
+
+def stage_code_version(stage: str) -> str:
+    """A hash of the stage's source files under :data:`PROJECT_ROOT` (:func:`stage_source_files`)."""
+    return _code_version(stage, PROJECT_ROOT)
+
+
+@cache
+def _code_version(stage: str, root: Path) -> str:
+    """Hashed once per process: a long-lived ``tokenlake serve`` keeps running the code it imported."""
+    digest = hashlib.sha256()
+    for path in stage_source_files(stage, root):
+        digest.update(f"{path.relative_to(root).as_posix()}\0".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
 def stage_cache_key(stage: str, repo_spec: str, input_commit: str, config: Any) -> str:
     parts = {
         "stage": stage,
         "repository": repository_identity(repo_spec),
         "input_commit": "" if stage == "ingest" else input_commit,
         "config_hash": config_hash(config),
+        "code_version": stage_code_version(stage),
         "inputs": input_fingerprint(stage, config, repo_spec),
     }
     canonical = json.dumps(parts, sort_keys=True).encode()

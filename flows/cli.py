@@ -1,10 +1,15 @@
-"""The ``tokenlake`` command line: ``tokenlake --help`` lists the commands."""
+"""The ``tokenlake`` command line: ``tokenlake --help`` lists the commands.
+
+A user error or an expected failure (a gate that did not hold, a ref that does not exist, a
+value out of range) ends the command with sentences and a non-zero status: 2 for what the
+user must change, 1 for a run that failed. ``--debug`` (or ``TOKENLAKE_DEBUG=1``) shows the
+traceback instead, and Prefect's own console log.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from pathlib import Path
@@ -19,34 +24,57 @@ COMMAND_MODULES = [
     "flows.commands.lineage",
     "flows.commands.deploy",
 ]
+SERVICE_COMMANDS = {"serve"}  # long-running: their console is a service log, at INFO
 
 
-def prefect_environment() -> None:
-    """Telemetry off and Prefect's state in the project, unless the user chose otherwise.
+class CommandFailed(RuntimeError):
+    """A run failed the way runs can fail (a gate, training): the message is the whole report."""
 
-    Set before any command imports Prefect, which reads its settings at import time.
+    exit_code = 1
+
+
+def prefect_environment(debug: bool = False, service: bool = False) -> None:
+    """Telemetry off, Prefect's state in the project, and logging that fits the command, unless
+    the user chose otherwise. Set before any command imports Prefect, which reads its settings
+    at import time.
+
+    Flow and task runs log at INFO to the Prefect API (the UI's Logs tab), whatever the
+    console shows. An interactive command's console shows its own progress and sentences,
+    so Prefect's console handler only passes CRITICAL there; ``--debug`` and services
+    (``tokenlake serve``) show Prefect's log at INFO.
     """
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_HOME", str(Path(__file__).resolve().parents[1] / ".prefect"))
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the console shows progress instead
+    if not debug and not service:
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     # The ephemeral API's first start migrates its database: slow on a small, busy machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # GX announces every ephemeral docs site at INFO; the stage tables already say what ran
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its error as one sentence (and where to look) instead of the usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tokenlake",
         description="Versioned token datasets and training bound to the data commit.",
     )
     parser.add_argument(
         "--repo",
         default=None,
-        help="dataset repository: a local directory or lakefs://<repository> "
+        help="dataset repository: a local directory or lakefs://REPOSITORY "
         "(default: $TOKENLAKE_REPO, else $TOKENLAKE_HOME/repo)",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show tracebacks and Prefect's console log (also: TOKENLAKE_DEBUG=1)",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
@@ -54,21 +82,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def explain(exc: BaseException) -> tuple[int, str]:
+    """(exit status, the sentences a user reads) for an exception that ended a command."""
+    from pydantic import ValidationError
+
+    from flows.commands.values import one_sentence
+    from versioning import RepoError
+
+    if isinstance(exc, CommandFailed):
+        return exc.exit_code, str(exc)
+    if isinstance(exc, ValidationError):
+        return 2, one_sentence(exc)
+    if isinstance(exc, RepoError | ValueError | FileNotFoundError):
+        return 2, str(exc)
+    return 1, f"{type(exc).__name__}: {exc} (unexpected; `tokenlake --debug ...` shows the traceback)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    prefect_environment()
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = args.debug or os.environ.get("TOKENLAKE_DEBUG") == "1"
+    prefect_environment(debug=debug, service=args.command in SERVICE_COMMANDS)
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # a user-facing CLI prints one sentence, not a traceback
-        from versioning import RepoError
-
-        if isinstance(exc, RepoError | ValueError | FileNotFoundError):
-            print(f"tokenlake: error: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except Exception as exc:  # a user-facing CLI prints sentences, not a traceback
+        if debug:
+            raise
+        code, text = explain(exc)
+        print(f"tokenlake: error: {text}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -4,9 +4,15 @@ Each run writes on its own branch ``curate-<flow run id>`` created from ``main``
 is one task that reads its input at the previous stage's commit id and ends in a commit
 whose metadata carries stage, stage-config hash, input commit, flow-run id and counts.
 When every gate holds, the run is merged into ``main`` and tagged (:mod:`flows.wap`).
-Failure never touches ``main``: the Prefect transaction's rollback deletes the run branch,
-and the janitor (:mod:`flows.janitor`) removes the branch of a killed process. Finished
+
+Failure never touches ``main``. The flow's ``on_failure`` and ``on_crashed`` hooks (Prefect's
+state-change hooks) delete the run branch when the run as a whole fails; a task attempt that
+fails and is retried is not a flow failure, so it never does. The janitor
+(:mod:`flows.janitor`) removes the branch of a process that was killed outright. Finished
 stages are reused exactly (:mod:`flows.stage_runner`).
+
+The run shows seven task runs: ``open-run-branch``, the five stages, ``publish``; the
+bookkeeping between them is the flow's own code.
 """
 
 from __future__ import annotations
@@ -14,18 +20,18 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_image_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.transactions import BaseTransaction, get_transaction, transaction
+from pydantic import ValidationError
 
-from flows.artifacts import SummaryLinks, stages_table, summary
+from flows.artifacts import StageRun, SummaryLinks, stages_table, summary
+from flows.funnel import draw_funnel, funnel_of, funnel_path, image_url
 from flows.params import CurateParams, GateConfig, check_ready
-from flows.stage_runner import StageRunner
-from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish
+from flows.stage_runner import RunStart, StageRunner, published_version_at
+from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish, run_branch
 from formats import layout
 from tasks.dedup.task import dedup_task
 from tasks.ingest.task import ingest_task
@@ -34,7 +40,15 @@ from tasks.shard.task import shard_task
 from tasks.stage import StageResult, config_hash
 from tasks.stage_task import IO_RETRIES
 from tasks.validate.task import validate_task
-from versioning import NotFound, TransientError, data_home, open_repo, validate_path
+from versioning import (
+    NotFound,
+    RepoError,
+    TransientError,
+    data_home,
+    default_repo_spec,
+    open_repo,
+    validate_path,
+)
 
 
 class PublishRefused(RuntimeError):
@@ -43,94 +57,68 @@ class PublishRefused(RuntimeError):
     (A stage's own Great Expectations suites failing is :class:`tasks.gates.ExpectationsFailed`.)
     """
 
+    def __init__(self, failures: list[str]):
+        super().__init__("not published: " + "; ".join(failures))
+        self.failures = failures
 
-@flow(name="curate", log_prints=True)
+
+def discard_run_branch(flow: Any, flow_run: Any, state: Any) -> None:
+    """``on_failure`` / ``on_crashed``: the run did not publish, so its branch goes (main never moved)."""
+    try:
+        params = CurateParams.model_validate((flow_run.parameters or {}).get("params") or {})
+    except ValidationError:
+        return  # the run failed on its parameters, before it opened a branch
+    delete_run_branch(params.repository.spec or default_repo_spec(), run_branch(str(flow_run.id)))
+
+
+def delete_run_branch(repo_spec: str, branch: str) -> None:
+    """Delete a failed run's branch, retried as IO tasks are: what failed the run may be lakeFS
+    being down, and the delete then needs it back. If it never comes back, the janitor removes
+    the branch later."""
+    delays = IO_RETRIES["retry_delay_seconds"](IO_RETRIES["retries"])
+    for delay in [*delays, None]:
+        try:
+            open_repo(repo_spec, create=False).delete_branch(branch)
+            return
+        except NotFound:
+            return  # never opened, or already gone
+        except TransientError as exc:
+            if delay is None:
+                _warn_branch_left(branch, exc)
+                return
+            time.sleep(delay * (1 + random.uniform(0, IO_RETRIES["retry_jitter_factor"])))
+        except RepoError as exc:
+            _warn_branch_left(branch, exc)
+            return
+
+
+def _warn_branch_left(branch: str, exc: Exception) -> None:
+    logging.getLogger(__name__).warning("curate: run branch %s is left (%s); `tokenlake janitor` removes it", branch, exc)
+
+
+@flow(name="curate", log_prints=True, on_failure=[discard_run_branch], on_crashed=[discard_run_branch])
 def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
     """Curate the configured sources into a new dataset version on ``main``."""
     run = StageRunner.start(params)
-    preflight(params, run.repo_spec)
-    head = open_branch(run.repo_spec, run.branch)
-    with rolled_back_on_failure(run.repo_spec, run.branch):  # main stays untouched
-        run.begin(head)
-        ingested = run.run("ingest", ingest_task, params.ingest, input_commit=head)
-        validated = run.run("validate", validate_task, params.validation, ingested.commit_id)
-        deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)
-        sharded = run.run("shard", shard_task, params.shards, deduped.commit_id)
-        mixed = run.run("mix", mix_task, params.mix, sharded.commit_id)
-        check_gates(params.gates, [s.name for s in params.ingest.sources], run.results)
-        version = publish_task(run.repo_spec, mixed.commit_id, run.links, run.flow_run_id, config_hash(params.gates))
-    close_branch(run.repo_spec, run.branch)
-    stages_table(run.done)
-    print(summary(version, run.branch, run.done, summary_links(run.repo_spec, version.tag, params.repository.lakefs_ui)))
+    run.begin(open_run(params, run.repo_spec, run.branch))  # main stays untouched until publish
+    ingested = run.run("ingest", ingest_task, params.ingest, input_commit=run.head)
+    validated = run.run("validate", validate_task, params.validation, ingested.commit_id)
+    deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)
+    sharded = run.run("shard", shard_task, params.shards, deduped.commit_id)
+    mixed = run.run("mix", mix_task, params.mix, sharded.commit_id)
+    version = publish_task(run.repo_spec, run.branch, mixed.commit_id, run.links, run.flow_run_id, params, run.results)
+    print(report_run(params, run.repo_spec, run.branch, run.done, version))
     return version
 
 
-@task(name="preflight", cache_policy=NO_CACHE)
-def preflight(params: CurateParams, repo_spec: str) -> None:
-    """Sources, mix and repository checked before any work (a misconfiguration is one sentence)."""
-    check_ready(params, repo_spec)
-
-
 @task(name="open-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)
-def open_branch(repo_spec: str, branch: str) -> str:
-    """Create the run branch from main (and the repository if new); returns main's head."""
-    return open_run_branch(open_repo(repo_spec), branch)
-
-
-@task(name="guard-run-branch", cache_policy=NO_CACHE)
-def guard_branch(repo_spec: str, branch: str) -> None:
-    """No work: it puts the rollback hook below into the run's transaction."""
-    txn = get_transaction()
-    assert txn is not None, "guard_branch runs inside the run's transaction"
-    txn.set("repo_spec", repo_spec)
-    txn.set("branch", branch)
-
-
-@guard_branch.on_rollback
-def _delete_run_branch(txn: Any) -> None:
-    """Delete the run branch, retried as IO tasks are: what failed the run may be lakeFS being
-    down, and the delete then needs it back. If it never comes back, the janitor removes the
-    branch of this failed run later."""
-    branch = txn.get("branch")
-    for delay in [*IO_RETRIES["retry_delay_seconds"], None]:
-        try:
-            open_repo(txn.get("repo_spec"), create=False).delete_branch(branch)
-            return
-        except NotFound:
-            return
-        except TransientError as exc:
-            if delay is None:
-                logging.getLogger(__name__).warning(
-                    "curate: run branch %s is left (%s); `tokenlake janitor` removes it", branch, exc
-                )
-                return
-            time.sleep(delay * (1 + random.uniform(0, IO_RETRIES["retry_jitter_factor"])))
-
-
-@contextmanager
-def rolled_back_on_failure(repo_spec: str, branch: str) -> Iterator[None]:
-    """A Prefect transaction whose rollback deletes the run branch when the block fails.
-
-    The tasks inside run outside the transaction: in Prefect, a failed attempt of a task
-    inside a transaction rolls the transaction back even when a retry then succeeds, which
-    would delete the branch under a run that goes on. Only the block's failure rolls back.
-    """
-    with transaction():
-        guard_branch(repo_spec, branch)
-        detached = BaseTransaction.__var__.set(None)  # tasks below open transactions of their own
-        try:
-            yield
-        finally:
-            BaseTransaction.__var__.reset(detached)
-
-
-@task(name="close-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)
-def close_branch(repo_spec: str, branch: str) -> None:
-    """The run is on main now (merged, or it was already there): its branch goes."""
-    try:
-        open_repo(repo_spec, create=False).delete_branch(branch)
-    except NotFound:
-        pass
+def open_run(params: CurateParams, repo_spec: str, branch: str) -> RunStart:
+    """Check sources, mix and repository (a misconfiguration is one sentence), create the run
+    branch from main (and the repository if new), and read what main's head was published from."""
+    check_ready(params, repo_spec)
+    repo = open_repo(repo_spec)
+    head = open_run_branch(repo, branch)
+    return RunStart(head, published_version_at(repo, head))
 
 
 def gate_failures(gates: GateConfig, sources: list[str], results: dict[str, StageResult]) -> list[str]:
@@ -165,24 +153,48 @@ def _source_tokens(stats: dict[str, Any] | None) -> int:
     return int(stats.get("stored_tokens", stats.get("tokens", 0)) or 0)
 
 
-@task(name="check-gates", cache_policy=NO_CACHE)
 def check_gates(gates: GateConfig, sources: list[str], results: dict[str, StageResult]) -> None:
     failures = gate_failures(gates, sources, results)
     if failures:
-        raise PublishRefused("not published: " + "; ".join(failures))
+        raise PublishRefused(failures)
 
 
 @task(name="publish", cache_policy=NO_CACHE, **IO_RETRIES)
 def publish_task(
-    repo_spec: str, run_head: str, links: list[ChainLink], flow_run_id: str, gates_hash: str
+    repo_spec: str,
+    branch: str,
+    run_head: str,
+    links: list[ChainLink],
+    flow_run_id: str,
+    params: CurateParams,
+    results: dict[str, StageResult],
 ) -> PublishedVersion:
-    """Merge the run into main and tag it (idempotent: a retry never publishes twice)."""
-    version = publish(open_repo(repo_spec, create=False), run_head, links, flow_run_id, gates_hash)
+    """Check the publish gates, merge the run into main and tag it, and delete the run branch
+    (idempotent: a retry never publishes twice)."""
+    check_gates(params.gates, [s.name for s in params.ingest.sources], results)
+    repo = open_repo(repo_spec, create=False)
+    version = publish(repo, run_head, links, flow_run_id, config_hash(params.gates))
     get_run_logger().info("curate: %s", version)
+    try:
+        repo.delete_branch(branch)  # the run is on main now (merged, or it was already there)
+    except NotFound:
+        pass
     return version
 
 
-@task(name="summary-links", cache_policy=NO_CACHE, **IO_RETRIES)
+def report_run(params: CurateParams, repo_spec: str, branch: str, done: list[StageRun], version: PublishedVersion) -> str:
+    """The run's table, funnel and summary artifacts; returns the summary's text."""
+    stages_table(done)
+    results = {run.result.stage: run.result for run in done}
+    funnel = draw_funnel(funnel_of(results), funnel_path(version.tag), f"curate {version.tag}")
+    create_image_artifact(
+        image_url(funnel), key="curate-funnel", description=f"documents and tokens per source through the stages, {version.tag}"
+    )
+    links = summary_links(repo_spec, version.tag, params.repository.lakefs_ui)
+    links = SummaryLinks(links.data_docs, links.lakefs_ui, links.repository, str(funnel))
+    return summary(version, branch, done, links)
+
+
 def summary_links(repo_spec: str, tag: str, lakefs_ui: str | None) -> SummaryLinks:
     """Where to look: each stage's Data Docs (lakeFS UI pages, or local copies) and the lakeFS UI."""
     repo = open_repo(repo_spec, create=False)

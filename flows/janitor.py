@@ -1,6 +1,6 @@
 """The janitor: removes run branches (and a publish lock) left behind by dead curate runs.
 
-A failed curate run deletes its own branch (its Prefect transaction rolls back); only a
+A failed curate run deletes its own branch (the flow's on_failure/on_crashed hooks); only a
 process that was killed leaves one behind. A branch ``curate-<flow run id>`` is removed when
 
 * its flow run is not alive: in a final state, or Running/Pending while the process named
@@ -33,6 +33,7 @@ from prefect.states import Crashed
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.wap import PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX, flow_run_of_branch, publish_in_progress
+from tasks.stage_task import IO_RETRIES
 from versioning import DataRepo, NotFound, open_repo
 
 _LIVE_STATES = {StateType.RUNNING, StateType.PENDING, StateType.CANCELLING, StateType.PAUSED}
@@ -43,7 +44,7 @@ class JanitorParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     repository: str | None = Field(
-        default=None, description="local directory or lakefs://<repository>; default $TOKENLAKE_REPO"
+        default=None, description="local directory or lakefs://REPOSITORY; default $TOKENLAKE_REPO"
     )
     max_age_hours: float = Field(
         default=24.0, ge=0, description="keep a dead run's branch this long after the run ended"
@@ -177,7 +178,7 @@ def _judge_lock(client: Any, repo: DataRepo, dry_run: bool) -> tuple[str, str, f
     return holder["flow_run_id"], "alive", None, False, "a publish is in progress; kept"
 
 
-@task(name="janitor-sweep", retries=3, retry_delay_seconds=[2, 8, 30], retry_jitter_factor=0.5)
+@task(name="janitor-sweep", **IO_RETRIES)
 def sweep_task(repository: str | None, max_age_hours: float, dry_run: bool) -> list[Verdict]:
     return sweep(open_repo(repository, create=False), max_age_hours, dry_run)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
+from flows.commands.values import one_sentence
 from formats.mix import MixSpec
 from tasks.dedup.config import DedupConfig
 from tasks.ingest.config import IngestConfig
@@ -27,12 +28,12 @@ class RepositoryConfig(BaseModel):
 
     spec: str | None = Field(
         default=None,
-        description="a local directory or lakefs://<repository> (lakectl configuration); "
-        "default $TOKENLAKE_REPO, else <data home>/repo",
+        description="a local directory or lakefs://REPOSITORY (lakectl configuration); "
+        "default $TOKENLAKE_REPO, else the data home's repo folder",
     )
     results: str | None = Field(
         default=None,
-        description="directory of cached stage results; default $TOKENLAKE_RESULTS, else <data home>/results",
+        description="directory of cached stage results; default $TOKENLAKE_RESULTS, else the data home's results folder",
     )
     lakefs_ui: str | None = Field(
         default=None, description="lakeFS UI base URL for links in the summary; default the lakeFS endpoint"
@@ -59,7 +60,7 @@ class GateConfig(BaseModel):
 
 
 class RetryConfig(BaseModel):
-    """Retries of the IO tasks: exponential backoff with jitter."""
+    """Retries of the stage tasks: Prefect's exponential backoff with jitter."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -67,8 +68,16 @@ class RetryConfig(BaseModel):
     backoff_seconds: float = Field(default=2.0, ge=0, description="first delay; doubles with each retry")
     jitter_factor: float = Field(default=0.5, ge=0, description="random extra delay, as a fraction of the delay")
 
-    def delays(self) -> list[float]:
-        return [self.backoff_seconds * 2**attempt for attempt in range(self.retries)]
+    def task_options(self) -> dict[str, Any]:
+        """Prefect task options: ``retries`` delays of backoff_seconds, doubling
+        (``prefect.tasks.exponential_backoff``), each plus up to jitter_factor of itself."""
+        from prefect.tasks import exponential_backoff
+
+        return {
+            "retries": self.retries,
+            "retry_delay_seconds": exponential_backoff(backoff_factor=self.backoff_seconds),
+            "retry_jitter_factor": self.jitter_factor,
+        }
 
 
 class CurateParams(BaseModel):
@@ -129,15 +138,6 @@ def check_ready(params: CurateParams, repo_spec: str) -> None:
         if unknown:
             raise ConfigError(f"{where} names {', '.join(unknown)}, not among the sources ({', '.join(sorted(names))})")
     open_repo(repo_spec).list_branches()  # reachable, and created when new
-
-
-def one_sentence(exc: ValidationError) -> str:
-    """The first validation error as 'field.path: message' (there is usually one)."""
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-    message = error["msg"].removeprefix("Value error, ")
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{where}: {message}{more}"
 
 
 def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:

@@ -77,7 +77,7 @@ class RollbackParams(BaseModel):
         default=None, ge=1, description="steps the resumed runs train to; default: each run's configured steps"
     )
     repository: str | None = Field(
-        default=None, description="a local directory or lakefs://<repository>; default $TOKENLAKE_REPO, else <data home>/repo"
+        default=None, description="a local directory or lakefs://REPOSITORY; default $TOKENLAKE_REPO, else the data home's repo folder"
     )
 
 

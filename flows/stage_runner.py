@@ -1,22 +1,24 @@
 """StageRunner: runs the stages of one curate run in order and decides which finished stages to reuse.
 
-A stage's cache key is (stage, input commit id, stage-config hash) (:mod:`flows.caching`);
-ingest's input is the source files, fingerprinted. A cached result names the commit that
-ended the stage. It is reused only where that is exact:
+A stage's cache key is (stage, input commit id, stage-config hash, code version)
+(:mod:`flows.caching`); ingest's input is the source files, fingerprinted. A cached result
+names the commit that ended the stage. It is reused only where that is exact:
 
 * **in place**: ``main``'s head is a version published with the same key for this stage and
   for every earlier one (the publish commit records the chain of keys), or a rollback's
   commit that restored such a version. The run branch, created from ``main``, already holds
   those outputs and stays where it is. So a re-run with no change reuses every stage and
   publishes nothing new (it returns the version's tag), and a run that changes one stage's
-  config re-runs that stage and the later ones only, on top of the published version.
+  config or code re-runs that stage and the later ones only, on top of the published version.
 * **fast-forward**: the run branch's head is an ancestor of the cached commit (a retried flow
   run, or a re-run after a crash, while ``main`` has not moved): the branch moves to it.
 * otherwise the stage runs again (**refresh**) and its cache entry is replaced.
 
 Prefect performs the lookup itself (the task run shows as Cached); the decision only chooses
 between letting it and forcing a refresh, and seeds the cache from the published chain when
-the cache directory does not have the entry (another machine, a wiped cache).
+the cache directory does not have the entry (another machine, a wiped cache). The decision is
+bookkeeping of the flow, not a task of its own, so the run's task list and graph show the
+stages (repository calls retry transient errors in the adapter).
 """
 
 from __future__ import annotations
@@ -28,12 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.context import get_run_context
 
-from flows.artifacts import RunProgress
+from flows.artifacts import RunProgress, StageRun
 from flows.caching import (
     StageCachePolicy,
     cached_stage_result,
@@ -46,14 +46,16 @@ from flows.params import CurateParams
 from flows.wap import ChainLink, PublishRecord, published_record, run_branch
 from formats import layout
 from tasks.stage import StageResult
-from tasks.stage_task import IO_RETRIES, retry_transient
+from tasks.stage_task import retry_transient
 from versioning import default_repo_spec, open_repo
 
 
-@task(name="advance-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)
-def advance_branch(repo_spec: str, branch: str, commit_id: str) -> None:
-    """Fast-forward the run branch to a reused stage's commit."""
-    open_repo(repo_spec, create=False).reset_hard(branch, commit_id)
+@dataclass(frozen=True)
+class RunStart:
+    """Where a run starts: main's head, and what that version was published from (if it was)."""
+
+    head: str
+    previous: PublishRecord | None
 
 
 def register_process(flow_run_id: str) -> None:
@@ -72,12 +74,12 @@ class StageRunner:
     branch: str
     flow_run_id: str
     results_dir: Path
-    retry_delays: list[float]
-    jitter: float
+    retry_options: dict[str, Any]
+    head: str = ""  # main's head when the run started: the ingest stage's base
     previous: PublishRecord | None = None  # main's head, when that is a published version
     on_published_chain: bool = False  # every stage so far was reused in place from `previous`
     progress: RunProgress | None = None
-    done: list[tuple[StageResult, bool]] = field(default_factory=list)  # (result, reused)
+    done: list[StageRun] = field(default_factory=list)
     links: list[ChainLink] = field(default_factory=list)
 
     @classmethod
@@ -89,19 +91,18 @@ class StageRunner:
             branch=run_branch(flow_run_id),
             flow_run_id=flow_run_id,
             results_dir=results_dir(params.repository.results),
-            retry_delays=params.retry.delays(),
-            jitter=params.retry.jitter_factor,
+            retry_options=params.retry.task_options(),
         )
 
-    def begin(self, head: str) -> None:
-        """The run branch exists at ``head`` (main's head when the run started)."""
-        self.previous = published_version_at(self.repo_spec, head)
+    def begin(self, start: RunStart) -> None:
+        """The run branch exists at ``start.head`` (main's head when the run started)."""
+        self.head, self.previous = start.head, start.previous
         self.on_published_chain = self.previous is not None
-        self.progress = RunProgress(layout.STAGES)
+        self.progress = RunProgress(layout.STAGES, self.branch)
 
     @property
     def results(self) -> dict[str, StageResult]:
-        return {result.stage: result for result, _ in self.done}
+        return {run.result.stage: run.result for run in self.done}
 
     def run(self, stage: str, stage_task: Any, config: Any, input_commit: str) -> StageResult:
         assert self.progress is not None, "begin() first"
@@ -115,38 +116,45 @@ class StageRunner:
             result_storage=self.results_dir,
             persist_result=True,
             refresh_cache=decision == "refresh",
-            retries=len(self.retry_delays),
-            retry_delay_seconds=self.retry_delays,
-            retry_jitter_factor=self.jitter,
             retry_condition_fn=retry_transient,
+            **self.retry_options,
         )
         state = runnable(self.repo_spec, self.branch, config, input_commit, self.flow_run_id, return_state=True)
         result: StageResult = state.result()
         reused = state.name == "Cached"
         if reused and decision == "fast-forward":
-            advance_branch(self.repo_spec, self.branch, result.commit_id)
+            open_repo(self.repo_spec, create=False).reset_hard(self.branch, result.commit_id)
         self.on_published_chain = self.on_published_chain and reused and decision == "in-place"
-        self.done.append((result, reused))
+        done = StageRun(result, reused, computed_by=run_label(result.flow_run_id) if reused else "")
+        self.done.append(done)
         self.links.append(ChainLink(stage, key, result.commit_id))
-        self.progress.finished(result, reused)
+        self.progress.finished(done)
         return result
 
 
-@task(name="published-version", cache_policy=NO_CACHE, **IO_RETRIES)
-def published_version_at(repo_spec: str, head: str) -> PublishRecord | None:
+def published_version_at(repo: Any, head: str) -> PublishRecord | None:
     """What the version at main's head was built from, if a curate run published it.
 
     After a rollback, main's head is the rollback's own commit: the version it restored is
     the one whose stages are reused (the key is content, not ancestry), once the head is
     checked to hold exactly that version's content."""
-    repo = open_repo(repo_spec, create=False)
     record = published_record(repo, head)
     if record is None or (record.commit != head and repo.diff(record.commit, head)):
         return None
     return record
 
 
-@task(name="plan-stage", cache_policy=NO_CACHE, **IO_RETRIES)
+def run_label(flow_run_id: str) -> str:
+    """A flow run as the Prefect UI names it (``brave-tiger``), else its id's first 8 characters."""
+    if not flow_run_id:
+        return "an earlier run"
+    try:
+        with get_client(sync_client=True) as client:
+            return client.read_flow_run(flow_run_id).name
+    except Exception:  # an id from another Prefect API, or one this API has forgotten
+        return flow_run_id[:8]
+
+
 def plan_stage(
     stage: str,
     repo_spec: str,
@@ -163,7 +171,8 @@ def plan_stage(
     if published is not None and published.key == key:
         if cached is None or cached.commit_id != published.commit:
             report = json.loads(repo.get(published.commit, layout.report_path(stage)))
-            seed_stage_result(results, key, StageResult(stage, published.commit, report))
+            made_by = repo.get_commit(published.commit).metadata.get("flow_run_id", "")
+            seed_stage_result(results, key, StageResult(stage, published.commit, report, made_by))
         return key, "in-place"
     if cached is None:
         return key, "run"

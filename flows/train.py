@@ -36,9 +36,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.commands.train import DEFAULT_STEPS
 from formats.layout import MAIN
 from tasks.stage_task import IO_RETRIES
-from training.checkpoint import list_checkpoints
+from training.checkpoint import list_checkpoints, newest_valid
 from training.config import ModelConfig, PresetName, ResumePolicy, TrainConfig
 from training.launch import LaunchConfig, torchrun_command, write_launch_file
 from training.metrics import read_metrics, summarize, summary_table
@@ -55,9 +56,11 @@ class TrainParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dataset: str = Field(default=MAIN, description="dataset ref: a tag, branch or commit id")
-    run: str | None = Field(default=None, description="run name; default <preset>-<commit prefix>")
+    run: str | None = Field(
+        default=None, description="run name; default: the preset and the commit's first 12 characters (tiny-2d27ba8b5bde)"
+    )
     preset: PresetName = Field(default="tiny", description="model size")
-    steps: int = Field(default=200, ge=1, description="optimizer steps to reach")
+    steps: int = Field(default=DEFAULT_STEPS, ge=1, description="optimizer steps to reach")
     nproc: int | None = Field(
         default=None,
         ge=1,
@@ -151,6 +154,7 @@ class TrainSummary(BaseModel):
     run: str
     data_commit: str
     step: int
+    trained_steps: int = 0  # by this flow run: 0 when the run was already at its steps
     checkpoint: str | None
     run_dir: str
     metrics: dict[str, Any]
@@ -212,8 +216,18 @@ def run_torchrun(config: TrainConfig, launch: LaunchConfig) -> int:
     return proc.returncode
 
 
+def starting_step(config: TrainConfig) -> tuple[int, bool]:
+    """(the step the run resumes from, whether it already reached ``config.steps`` on this data
+    commit, so there is nothing to train)."""
+    newest = newest_valid(config.run_dir() / "checkpoints", warn=lambda _: None)
+    if newest is None:
+        return 0, False
+    same_data = newest.meta.get("data", {}).get("commit") == config.commit
+    return newest.step, same_data and newest.step >= config.steps and config.resume != "never"
+
+
 @task(name="publish-artifacts", cache_policy=NO_CACHE)
-def publish_artifacts(config: TrainConfig) -> TrainSummary:
+def publish_artifacts(config: TrainConfig, start_step: int = 0) -> TrainSummary:
     run_dir = config.run_dir()
     records = read_metrics(run_dir / "metrics.jsonl")
     summary = summarize(records)
@@ -257,6 +271,7 @@ def publish_artifacts(config: TrainConfig) -> TrainSummary:
         run=config.run,
         data_commit=config.commit,
         step=summary["steps"],
+        trained_steps=max(summary["steps"] - start_step, 0),
         checkpoint=str(latest.path) if latest else None,
         run_dir=str(run_dir),
         metrics=summary,
@@ -274,5 +289,9 @@ def train_flow(params: TrainParams) -> TrainSummary:
     commit = resolve_dataset(params.repo, params.dataset)
     check_reverted(params.repo, commit, params.allow_reverted)
     config = params.train_config(commit, flow_run_id=str(flow_run.id or ""))
-    run_torchrun.with_options(retries=params.retries, retry_delay_seconds=1)(config, launch)
-    return publish_artifacts(config)
+    start, done = starting_step(config)
+    if done:
+        get_run_logger().info("nothing to train: the run %s is already at step %d on commit %s", config.run, start, commit)
+    else:
+        run_torchrun.with_options(retries=params.retries, retry_delay_seconds=1)(config, launch)
+    return publish_artifacts(config, start_step=start)

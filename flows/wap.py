@@ -205,7 +205,7 @@ def publish(
 ) -> PublishedVersion:
     """Merge ``run_head`` into main and tag it; idempotent, so a retried task never publishes twice.
 
-    Called once the flow's publish gates held (``flows.curate.check_gates``). The merge commit
+    Called once the flow's publish gates held (``flows.curate.check_gates``, in the publish task). The merge commit
     records that (``gate``), and each stage commit's own gate (``gates``), for the commit it merges
     (``input_commit``): what the publish guard's pre-merge hook requires.
     """
@@ -287,8 +287,9 @@ class DatasetVersion:
     commit_id: str
     created: str
     flow_run_id: str
-    documents: dict[str, int]
-    tokens: dict[str, int]
+    documents: dict[str, int]  # per source, after dedup: the version's documents
+    tokens: dict[str, int]  # per source, stored in the shards
+    documents_in_shards: dict[str, int]  # per source, ending in a stored sequence (`shards verify` counts)
 
 
 def list_versions(repo: DataRepo) -> list[DatasetVersion]:
@@ -306,6 +307,7 @@ def list_versions(repo: DataRepo) -> list[DatasetVersion]:
                 flow_run_id=commit.metadata.get("flow_run_id", ""),
                 documents=_documents_per_source(repo, commit_id),
                 tokens=_tokens_per_source(repo, commit_id),
+                documents_in_shards=_documents_in_shards(repo, commit_id),
             )
         )
     return sorted(versions, key=lambda v: (v.created, v.tag), reverse=True)
@@ -317,6 +319,18 @@ def _tokens_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
     except NotFound:
         return {}
     return {source: int(stats.get("tokens", 0)) for source, stats in sorted(manifest.get("sources", {}).items())}
+
+
+def _documents_in_shards(repo: DataRepo, ref: str) -> dict[str, int]:
+    """End-of-document tokens per source in the manifest's shards (what `shards verify` counts)."""
+    try:
+        manifest = json.loads(repo.get(ref, layout.MANIFEST))
+    except NotFound:
+        return {}
+    counts: dict[str, int] = {}
+    for shard in manifest.get("shards", []):
+        counts[shard["source"]] = counts.get(shard["source"], 0) + int(shard.get("documents", 0))
+    return dict(sorted(counts.items()))
 
 
 def _documents_per_source(repo: DataRepo, ref: str) -> dict[str, int]:

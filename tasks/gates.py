@@ -33,8 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from expectations import load_suite
 from formats import layout
+from tasks.data_docs import make_offline
 from tasks.parts import clear_prefix, put_json
-from versioning import DataRepo
+from versioning import DataRepo, data_home
 
 if TYPE_CHECKING:
     from tasks.stage import StageReport
@@ -82,8 +83,19 @@ class GateSettings(BaseModel):
 class ExpectationsFailed(RuntimeError):
     """A stage's output broke its expectation suites; the message lists each failed expectation.
 
-    (The curate flow's own publish gates failing is :class:`flows.curate.PublishRefused`.)
+    ``stage``, ``summary`` (verdict, suites, coverage), ``failures`` (one line each) and
+    ``data_docs`` (the pages' ``index.html`` on this machine) say the same in parts, for a
+    caller that words its own report. (The curate flow's own publish gates failing is
+    :class:`flows.curate.PublishRefused`.)
     """
+
+    def __init__(self, stage: str, summary: str, failures: list[str], data_docs: str | None):
+        where = f"; Data Docs: {data_docs}" if data_docs else ""
+        super().__init__(f"{stage} gate {summary}{where}:\n" + "\n".join(f"- {f}" for f in failures))
+        self.stage, self.summary, self.failures, self.data_docs = stage, summary, failures, data_docs
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled with Prefect's results: rebuilt from the parts
+        return (type(self), (self.stage, self.summary, self.failures, self.data_docs))
 
 
 @dataclass
@@ -175,10 +187,8 @@ class GateOutcome:
 
     def raise_if_failed(self, stage: str) -> None:
         if not self.success:
-            where = f"; Data Docs: {self.docs_dir}/index.html" if self.docs_dir else ""
-            raise ExpectationsFailed(
-                f"{stage} gate {self.summary()}{where}:\n" + "\n".join(f"- {f}" for f in self.failures)
-            )
+            docs = f"{self.docs_dir}/index.html" if self.docs_dir else None
+            raise ExpectationsFailed(stage, self.summary(), self.failures, docs)
 
 
 def _plain(value: Any) -> Any:
@@ -268,7 +278,10 @@ def run_gate(checks: Iterable[GateCheck], run_name: str, coverage: Coverage, doc
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     checks = list(checks)
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    # GX logs at INFO what it does on every context; one of its loggers sets its own level
+    # (INFO, at import), so it is quieted by name: the stage's own log line says what ran
+    for name in ("great_expectations", "great_expectations.data_context.types.base"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     actions = []
@@ -333,14 +346,14 @@ def run_gate(checks: Iterable[GateCheck], run_name: str, coverage: Coverage, doc
 
 
 def publish_data_docs(repo: DataRepo, branch: str, stage: str, docs_dir: Path) -> list[str]:
-    """Put the Data Docs pages (HTML, styles, favicon; not GX's unused images and fonts)
-    under ``reports/data_docs/<stage>/`` on ``branch``."""
+    """Put the Data Docs pages (HTML, styles, the local Bootstrap and jQuery, favicon; not GX's
+    unused images and fonts) under ``reports/data_docs/<stage>/`` on ``branch``."""
     prefix = layout.data_docs_folder(stage)
     clear_prefix(repo, branch, prefix)
     paths = []
     for path in sorted(docs_dir.rglob("*")):
         rel = path.relative_to(docs_dir).as_posix()
-        if path.is_file() and (path.suffix in (".html", ".css") or path.name == "favicon.ico"):
+        if path.is_file() and (path.suffix in (".html", ".css", ".js") or path.name == "favicon.ico"):
             repo.put(branch, f"{prefix}/{rel}", str(path))
             paths.append(f"{prefix}/{rel}")
     return paths
@@ -358,9 +371,13 @@ def gate_stage(
     stage on a failed gate (its report and Data Docs left uncommitted on the branch, for a
     person to read; the flow discards the branch)."""
     stage = report.stage
-    docs_dir = Path(tempfile.mkdtemp(prefix=f"tokenlake-{stage}-docs-"))  # kept if the gate fails
     run_name = f"{stage}-{input_commit[:12]}-{coverage.run_name_part()}"
+    # kept where a person finds them if the gate fails (the run branch holding them is deleted)
+    failed_docs = data_home() / "data-docs" / "failed"
+    failed_docs.mkdir(parents=True, exist_ok=True)
+    docs_dir = Path(tempfile.mkdtemp(prefix=f"{run_name}-", dir=failed_docs))
     outcome = run_gate(checks, run_name, coverage, docs_dir)
+    make_offline(docs_dir)
     report.expectations = outcome.to_dict()
     report.commit_metadata |= outcome.metadata()
     publish_data_docs(repo, branch, stage, docs_dir)

@@ -123,11 +123,13 @@ class StageReport(DocumentCounts):
 
 @dataclass(frozen=True)
 class StageResult:
-    """What a stage task returns to the flow: the commit that ended it and its report."""
+    """What a stage task returns to the flow: the commit that ended it, its report, and the flow
+    run that computed it (a reused result names the run that did the work)."""
 
     stage: str
     commit_id: str
     report: dict[str, Any]
+    flow_run_id: str = ""
 
 
 class SourceOutput(DocumentCounts):
@@ -295,9 +297,15 @@ def commit_stage(
     meta = stage_metadata(report.stage, stage_config_hash, input_commit, flow_run_id, report) | report.commit_metadata
     # allow_empty: a retried stage may rewrite byte-identical outputs, and every stage still
     # ends in its own commit (the next stage's input, and the stage's cache entry)
-    return repo.commit(
-        branch, f"{report.stage}: kept {report.kept} of {report.documents_in}", meta, allow_empty=True
-    ).id
+    return repo.commit(branch, commit_message(report), meta, allow_empty=True).id
+
+
+def commit_message(report: StageReport) -> str:
+    """``<stage>: kept K of N``; a stage that reads no documents (mix reads the manifest) says
+    what it made instead of "kept 0 of 0"."""
+    if report.documents_in or report.rejected_total or not report.note:
+        return f"{report.stage}: kept {report.kept} of {report.documents_in}"
+    return f"{report.stage}: {report.note}"
 
 
 StageFunction = Callable[..., StageReport]
@@ -316,4 +324,4 @@ def run_stage(
     """Run a stage and end it in its commit: what every ``<stage>_task`` does, without Prefect."""
     report = run(repo, branch, input_commit, config, **options)
     commit_id = commit_stage(repo, branch, report, config_hash(config), input_commit, flow_run_id)
-    return StageResult(stage=report.stage, commit_id=commit_id, report=report.to_dict())
+    return StageResult(report.stage, commit_id, report.to_dict(), flow_run_id or "")

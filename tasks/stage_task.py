@@ -9,6 +9,7 @@ from typing import Any
 from prefect.artifacts import create_table_artifact
 from prefect.context import TaskRunContext
 from prefect.logging import get_run_logger
+from prefect.tasks import exponential_backoff
 
 from tasks.stage import StageFunction, StageResult, run_stage
 from versioning import TransientError, open_repo
@@ -25,11 +26,12 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-# every task that talks to the repository (stages, branch and publish tasks): exponential
-# backoff with jitter, so many runs retrying one lakeFS do not retry in step
+# every task that talks to the repository (stages, branch and publish tasks): Prefect's
+# exponential backoff (1, 2, 4, 8 s) with jitter, so many runs retrying one lakeFS do not
+# retry in step
 IO_RETRIES: dict[str, Any] = {
     "retries": 4,
-    "retry_delay_seconds": [1, 2, 4, 8],
+    "retry_delay_seconds": exponential_backoff(backoff_factor=1),
     "retry_jitter_factor": 0.5,
     "retry_condition_fn": retry_transient,
 }
@@ -57,11 +59,46 @@ def stage_table(report: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per source (its counts and facts) and a total: documents in, kept, rejected by
     reason, tokens, seconds."""
     rows = [{"source": name, **_cells(stats)} for name, stats in sorted(report["per_source"].items())]
+    per_source = report["per_source"].values()
+    reads_documents = not per_source or any("documents_in" in stats for stats in per_source)
+    # a stage that reads no documents (mix reads the manifest) shows no "0 in, 0 kept"
     total = {"documents_in": report["documents_in"], "kept": report["kept"], "rejected": report["rejected"]}
+    total = total if reads_documents else {}
     rows.append(
         {"source": "(all)", **_cells(total), "tokens": report["tokens"], "seconds": round(report["seconds"], 2)}
     )
     return rows
+
+
+def stage_name(run: StageFunction) -> str:
+    """``run_ingest`` -> ``ingest``."""
+    return run.__name__.removeprefix("run_")
+
+
+def _reasons(rejected: dict[str, int]) -> str:
+    return ", ".join(f"{reason}: {n}" for reason, n in sorted(rejected.items(), key=lambda kv: -kv[1])) or "none"
+
+
+def stage_lines(report: dict[str, Any]) -> list[str]:
+    """What a stage read, kept and quarantined, per source and in total, and its note: the lines
+    a person watching the run's log reads."""
+    lines = []
+    for source, stats in sorted(report["per_source"].items()):
+        if "documents_in" in stats:
+            lines.append(
+                f"{source}: read {stats['documents_in']} documents, kept {stats['kept']}, "
+                f"quarantined {sum(stats['rejected'].values())} ({_reasons(stats['rejected'])})"
+            )
+    if lines:
+        lines.append(
+            f"all sources: read {report['documents_in']}, kept {report['kept']}, "
+            f"quarantined {report['rejected_total']} ({_reasons(report['rejected'])})"
+        )
+    if report["tokens"]:
+        lines.append(f"{report['tokens']} tokens")
+    if report["note"]:
+        lines.append(report["note"])
+    return lines
 
 
 def run_stage_task(
@@ -76,21 +113,13 @@ def run_stage_task(
     """What a ``<stage>_task`` does: run the stage and commit it (:func:`tasks.stage.run_stage`),
     log what it did, leave its table artifact."""
     log = stage_logger(run.__module__)
-    log.info("%s: input commit %s onto branch %s", run.__name__, input_commit, branch)
+    log.info("%s: input commit %s onto branch %s", stage_name(run), input_commit, branch)
     result = run_stage(run, open_repo(repo_spec), branch, input_commit, config, flow_run_id, **options)
     report = result.report
+    for line in stage_lines(report):
+        log.info("%s: %s", result.stage, line)
     gate = (report["expectations"] or {}).get("summary", "none")
-    log.info(
-        "%s: kept %s of %s, rejected %s%s; gate %s; %.1f s; commit %s",
-        result.stage,
-        report["kept"],
-        report["documents_in"],
-        report["rejected"],
-        f"; {report['note']}" if report["note"] else "",
-        gate,
-        report["seconds"],
-        result.commit_id,
-    )
+    log.info("%s: gate %s; %.1f s; commit %s", result.stage, gate, report["seconds"], result.commit_id)
     if TaskRunContext.get() is not None:  # ``task.fn`` leaves no artifact
         create_table_artifact(
             table=stage_table(report),

@@ -46,9 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     janitor.set_defaults(handler=run_janitor)
 
     serve = subparsers.add_parser(
-        "serve", help="serve the deployments of deploy/prefect.yaml with their schedules",
-        description="Serve every deployment of a prefect.yaml (curate nightly, janitor, train) from this "
-        "process; runs come from their schedules or from the Prefect UI.",
+        "serve", help="register deploy/prefect.yaml's deployments and run a worker for their work pool",
+        description="Register every deployment of a prefect.yaml (curate nightly, janitor, train) with "
+        "`prefect deploy`, creating its process work pool if missing, and run a Prefect worker for that pool "
+        "in this process: runs come from their schedules or from the Prefect UI. Needs a Prefect server "
+        "(PREFECT_API_URL).",
     )
     serve.add_argument("--prefect-yaml", type=Path, default=DEFAULT_PREFECT_YAML, metavar="FILE")
     serve.set_defaults(handler=run_serve)
@@ -75,16 +77,99 @@ def curate_and_report(params: Any, as_json: bool) -> Any:
 
 def run_with_progress(params: Any, flow: Any, as_json: bool) -> tuple[Any, list[dict[str, Any]]]:
     """``flow(params)`` (curate, or a flow that curates first) under a progress bar over the
-    curate stages; returns its result and one row per stage."""
+    curate stages; returns its result and one row per stage.
+
+    What can be checked without Prefect is checked first (a misconfiguration or a ref that
+    does not exist is one sentence, and no run). A run that fails ends in
+    :class:`flows.cli.CommandFailed`: what failed, and what became of main and the run branch.
+    """
+    from flows.artifacts import stage_row
+    from flows.commands.refs import resolve_ref
     from flows.params import check_ready
     from versioning import default_repo_spec
 
-    check_ready(params, params.repository.spec or default_repo_spec())  # a misconfiguration: one sentence, no run
+    spec = params.repository.spec or default_repo_spec()
+    check_ready(params, spec)
+    if params.shards.reuse_tokenizer_from:
+        resolve_ref(spec, params.shards.reuse_tokenizer_from, "shards.reuse_tokenizer_from")
+    main_before = main_head(spec)
 
     events: list[Any] = []
-    with console_progress(events, enabled=not as_json):
-        result = flow(params)
-    return result, [_stage_row(e) for e in events if e.result is not None]
+    try:
+        with console_progress(events, enabled=not as_json):
+            result = flow(params)
+    except Exception as exc:
+        from flows.cli import CommandFailed
+
+        branch = next((e.branch for e in events if e.branch), None)
+        raise CommandFailed(failure_report(exc, spec, main_before, branch)) from exc
+    return result, [stage_row(e.run) for e in events if e.run is not None]
+
+
+def main_head(spec: str) -> str | None:
+    """main's commit id, or None where the repository (or main) does not exist yet."""
+    from formats.layout import MAIN
+    from versioning import NotFound, open_repo
+
+    try:
+        return open_repo(spec, create=False).resolve(MAIN)
+    except NotFound:
+        return None
+
+
+def failure_report(exc: BaseException, spec: str, main_before: str | None, branch: str | None) -> str:
+    """One paragraph on a failed curate run: which gate failed and its failing expectations (or
+    the error), where the Data Docs are, and what became of main and the run branch."""
+    from flows.curate import PublishRefused
+    from flows.wap import MainMoved
+    from tasks.gates import ExpectationsFailed
+
+    if isinstance(exc, ExpectationsFailed):
+        lines = [f"the {exc.stage} stage's gate {exc.summary}:"]
+        lines += [f"  - {failure}" for failure in exc.failures]
+        if exc.data_docs:
+            lines.append(f"Data Docs: {Path(exc.data_docs).as_uri()}")
+    elif isinstance(exc, PublishRefused):
+        lines = ["the publish gates ([gates] of the config) refused the run:"]
+        lines += [f"  - {failure}" for failure in exc.failures]
+    elif isinstance(exc, MainMoved):
+        lines = [f"not published: {exc}."]
+    elif (train := sys.modules.get("flows.train")) and isinstance(exc, train.TrainingFailed):
+        # the pipeline published, then training failed
+        return f"training failed: {exc}; the dataset version stays published (`tokenlake datasets`)"
+    else:
+        from flows.cli import explain
+
+        lines = [f"the run failed: {explain(exc)[1]}"]
+    lines.append(repository_state(spec, main_before, branch))
+    return "\n".join(lines)
+
+
+def repository_state(spec: str, main_before: str | None, branch: str | None) -> str:
+    """What became of main and the run branch, as checked in the repository now."""
+    from flows import publish_guard
+    from formats.layout import MAIN
+    from versioning import open_repo
+
+    now = main_head(spec)
+    if now == main_before:
+        where = f"still {now[:12]}" if now else "no dataset version yet"
+        said = f"main is unchanged ({where})"
+    else:
+        added = []
+        for commit in open_repo(spec, create=False).log(MAIN, limit=20):
+            if commit.id == main_before:
+                break
+            added.append(commit)
+        if all(c.metadata.get("stage") == publish_guard.INSTALL_STAGE for c in added):
+            said = "main is unchanged but for the publish guard this run installed on it (no dataset version)"
+        else:
+            said = f"main moved from {(main_before or 'nothing')[:12]} to {(now or 'nothing')[:12]} (another run published?)"
+    if branch is None:
+        return said + "."
+    if now is not None and branch in open_repo(spec, create=False).list_branches():
+        return f"{said}; the run branch {branch} is still there (`tokenlake janitor` removes it once its run is over)."
+    return f"{said} and the run branch {branch} was removed."
 
 
 def print_version(version: Any, rows: list[dict[str, Any]], as_json: bool, extra: dict[str, Any] | None = None) -> None:
@@ -95,18 +180,18 @@ def print_version(version: Any, rows: list[dict[str, Any]], as_json: bool, extra
         print(f"\n{version}")
 
 
+CONSOLE_COLUMNS = ("stage", "documents in", "kept", "quarantined", "quarantined by reason", "produced", "seconds", "ran")
+
+
 def _compact(row: dict[str, Any]) -> dict[str, Any]:
-    """A console row: short commit id, the three most frequent quarantine reasons."""
-    reasons = [r for r in row["quarantined by reason"].split(", ") if r != "-"]
+    """A console row: the three most frequent quarantine reasons; tokens are in 'produced', the
+    full commit ids in --json and the Prefect artifacts."""
+    reasons = [r for r in (row["quarantined by reason"] or "").split(", ") if r and r != "none"]
     reasons.sort(key=lambda r: -int(r.rsplit(": ", 1)[1]))
     shown = ", ".join(reasons[:3]) + (f", +{len(reasons) - 3} more" if len(reasons) > 3 else "")
-    return row | {"quarantined by reason": shown or "-", "commit": row["commit"][:12]}
-
-
-def _stage_row(event: Any) -> dict[str, Any]:
-    from flows.artifacts import stage_row
-
-    return stage_row(event.result, event.reused)
+    if row["quarantined by reason"] is not None:
+        row = row | {"quarantined by reason": shown or "none"}
+    return {column: row[column] for column in CONSOLE_COLUMNS}
 
 
 @contextmanager
@@ -144,15 +229,18 @@ def run_datasets(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for v in versions:
-        sources = sorted(set(v.documents) | set(v.tokens)) or ["-"]
+        sources = sorted(set(v.documents) | set(v.tokens)) or ["none"]
         for i, source in enumerate(sources):
             first = i == 0
             rows.append({
                 "tag": v.tag if first else "", "commit": v.commit_id[:12] if first else "",
                 "date": v.created if first else "", "source": source,
-                "documents": v.documents.get(source, ""), "tokens": v.tokens.get(source, ""),
+                "documents": v.documents.get(source, ""), "in shards": v.documents_in_shards.get(source, ""),
+                "tokens in shards": v.tokens.get(source, ""),
             })
     print(format_table(rows))
+    print("documents: after dedup; in shards: documents that end in a stored sequence (as `shards verify` "
+          "counts them: a source's tokens after its last whole sequence are not stored)")  # fmt: skip
     return 0
 
 
@@ -171,15 +259,12 @@ def run_janitor(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from prefect import serve
+    from flows.deployments import deploy_all, start_worker
 
-    from flows.deployments import load_deployments
-
-    deployments, skipped = load_deployments(args.prefect_yaml)
-    for name, reason in skipped:
-        print(f"tokenlake serve: not serving {name}: {reason}", file=sys.stderr)
-    serve(*deployments)
-    return 0
+    pools = deploy_all(args.prefect_yaml, PROJECT_ROOT)
+    print(f"tokenlake serve: registered the deployments of {args.prefect_yaml}; worker for pool(s) "
+          f"{', '.join(pools)} starting (Ctrl-C stops it)", file=sys.stderr)  # fmt: skip
+    return start_worker(pools, PROJECT_ROOT)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

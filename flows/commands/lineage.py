@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.commands.curate import format_table
+from flows.commands.values import whole_number
 
 SHORT = 12
 
@@ -33,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "of every run trained on that commit, with step, metrics and taint marks.",
     )
     lineage.add_argument("ref", metavar="REF", help="RUN@STEP, a checkpoint directory, a tag, a commit id or a branch")
-    lineage.add_argument("--step", type=int, metavar="N", help="list the samples training step N read")
+    lineage.add_argument("--step", type=whole_number(0), metavar="N", help="list the samples training step N read")
     lineage.add_argument("--json", action="store_true", help="print JSON")
     lineage.set_defaults(handler=run_lineage)
 
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rollback.add_argument("--to", required=True, metavar="REF", help="a ds-* tag or commit id on main's history")
     rollback.add_argument("--hard", action="store_true", help="move main to REF instead (later history leaves main)")
     rollback.add_argument("--resume", action="store_true", help="resume tainted runs on the restored main")
-    rollback.add_argument("--resume-steps", type=int, metavar="N", help="steps the resumed runs train to")
+    rollback.add_argument("--resume-steps", type=whole_number(1), metavar="N", help="steps the resumed runs train to")
     rollback.add_argument("--json", action="store_true", help="print the report as JSON")
     rollback.set_defaults(handler=run_rollback)
 

@@ -83,7 +83,9 @@ def run_log(args: argparse.Namespace) -> int:
         )
         for c in commits
     ]
-    print(format_table(("commit", "created (UTC)", "kind", "message", "metadata"), rows))
+    print(format_table(("commit", "created (UTC)", "kind", "message", "stage, counts, gate"), rows))
+    if any(c.metadata for c in commits):
+        print("(every metadata field of each commit: --json)")
     return 0
 
 
@@ -188,7 +190,19 @@ def _commit_json(commit: Commit) -> dict[str, object]:
 
 
 def _metadata_text(commit: Commit) -> str:
-    return " ".join(f"{key}={value}" for key, value in sorted(commit.metadata.items()))
+    """The metadata a reader scans for: the stage, its counts, its gate, a published tag."""
+    meta = commit.metadata
+    parts = [meta["stage"]] if meta.get("stage") else []
+    # a stage that reads no documents (mix) records 0 of 0: not a count worth showing
+    if "documents_in" in meta and "kept" in meta and (meta["documents_in"], meta.get("rejected", "0")) != ("0", "0"):
+        parts.append(f"kept {meta['kept']} of {meta['documents_in']}")
+    if meta.get("tokens", "0") not in ("", "0"):
+        parts.append(f"{meta['tokens']} tokens")
+    if meta.get("gate"):
+        parts.append(f"gate {meta['gate']}")
+    if meta.get("tag"):
+        parts.append(f"tag {meta['tag']}")
+    return ", ".join(parts)
 
 
 def _when(timestamp: float) -> str:
@@ -205,5 +219,5 @@ def _non_negative(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
     return value

@@ -10,20 +10,46 @@ library, installed packages' metadata and license files as sources (``flows.demo
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 from flows.commands.curate import print_version, run_with_progress
+from flows.commands.train import DEFAULT_STEPS
+from flows.commands.values import positive_number, whole_number
 
 
-def where_to_look(tag: str, repo: str, prefect_home: str) -> str:
+def command(name: str) -> str:
+    """How to type ``name`` (tokenlake, prefect) so that it works as printed: the bare name when
+    the shell finds this environment's copy, else its path (relative to here when inside it)."""
+    installed = Path(sys.executable).parent / name
+    found = shutil.which(name)
+    if found and Path(found).resolve() == installed.resolve():
+        return name
+    try:
+        return str(installed.relative_to(Path.cwd()))
+    except ValueError:
+        return str(installed)
+
+
+def where_to_look(tag: str, repo: str, prefect_home: str, funnel: Path | None = None) -> str:
+    tokenlake, prefect = command("tokenlake"), command("prefect")
     rows = [
-        ("tokenlake datasets", "published versions: tag, commit, documents and tokens per source"),
-        (f"tokenlake shards verify {tag}", "re-read and check every shard of this version"),
-        (f"tokenlake lineage {tag}", "the checkpoints trained on this version"),
+        (f"{tokenlake} datasets", "published versions: tag, commit, documents and tokens per source"),
+        (f"{tokenlake} shards verify {tag}", "re-read and check every shard of this version"),
+        (f"{tokenlake} lineage {tag}", "the checkpoints trained on this version"),
         ("repository", repo),
-        ("Prefect UI", f"PREFECT_HOME={prefect_home} prefect server start, then http://127.0.0.1:4200"),
-        ("", "(the flow runs, each stage's table, the run summary with Data Docs links)"),
     ]
+    if funnel is not None and funnel.is_file():
+        rows.append(("funnel", f"{funnel} (documents and tokens per source through the stages)"))
+    rows += [
+        ("Prefect UI", f"PREFECT_HOME={prefect_home} {prefect} server start, then http://127.0.0.1:4200"),
+        ("", "(the flow runs and their logs, each stage's table, the run summary with Data Docs links)"),
+    ]
+    if tokenlake != "tokenlake":
+        rows.append(("", f"(`source {Path(tokenlake).parent}/activate` puts tokenlake and prefect on PATH)"))
     width = max(len(left) for left, _ in rows) + 3
     return "\nWhere to look:\n" + "\n".join(f"  {left.ljust(width)}{right}" for left, right in rows)
 
@@ -38,10 +64,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Prefect API.",
     )
     run.add_argument("--json", action="store_true", help="print the result as JSON")
-    run.add_argument("--code-mb", type=float, default=6.0, help="standard-library code to sample (default 6 MB)")
-    run.add_argument("--prose-mb", type=float, default=4.0, help="package docs and licenses (default 4 MB)")
-    run.add_argument("--steps", type=int, default=300, help="training steps (default 300; 0: curate only)")
-    run.add_argument("--nproc", type=int, default=1, help="training processes (default 1)")
+    run.add_argument(
+        "--code-mb", type=positive_number, default=6.0, help="standard-library code to sample (default 6 MB)"
+    )
+    run.add_argument(
+        "--prose-mb", type=positive_number, default=4.0, help="package docs and licenses (default 4 MB)"
+    )
+    run.add_argument(
+        "--steps", type=whole_number(0, " (0: curate only)"), default=DEFAULT_STEPS,
+        help=f"training steps (default {DEFAULT_STEPS}; 0: curate only)",
+    )  # fmt: skip
+    run.add_argument("--nproc", type=whole_number(1), default=1, help="training processes (default 1)")
     run.set_defaults(handler=run_demo)
 
 
@@ -62,12 +95,12 @@ def demo_params(repo: str | None, code_mb: float = 6.0, prose_mb: float = 4.0) -
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    import os
-
+    from flows.commands.refs import repo_spec_label
+    from flows.commands.train import print_training
     from flows.curate import curate
+    from flows.funnel import funnel_path
     from flows.pipeline import PipelineParams, pipeline
     from flows.train import TrainParams
-    from training.metrics import summary_table
     from versioning import default_repo_spec
 
     params = demo_params(args.repo, args.code_mb, args.prose_mb)
@@ -84,8 +117,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print_version(version, rows, args.json, extra)
     if not args.json:
         if training is not None:
-            print("\n" + summary_table(training.metrics), end="")
-            print(f"trained {training.run} to step {training.step} on data commit {training.data_commit}")
-            print(f"checkpoints, metrics.jsonl and loss.png: {training.run_dir}")
-        print(where_to_look(version.tag, spec, os.environ["PREFECT_HOME"]))
+            print()
+            print_training(training)
+        print(where_to_look(version.tag, repo_spec_label(spec), os.environ["PREFECT_HOME"], funnel_path(version.tag)))
     return 0

@@ -12,7 +12,7 @@ import sys
 
 from tqdm import tqdm
 
-TABLE_COLUMNS = ("name", "sequences", "documents", "bytes", "status")
+TABLE_COLUMNS = ("name", "sequences", "documents", "bytes", "status")  # documents: ending in the shard
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,8 +53,10 @@ def run_verify(args: argparse.Namespace) -> int:
         shards = [r for r in rows if r["source"]]
         if result.ok:
             sequences = sum(int(r["sequences"]) for r in shards)
+            documents = sum(int(r["documents"]) for r in shards)
             print(
-                f"OK: {len(shards)} shards, {sequences} sequences verified at {args.ref} ({result.commit_id[:12]})"
+                f"OK: {len(shards)} shards, {sequences} sequences verified at {args.ref} ({result.commit_id[:12]}); "
+                f"{documents} documents end in them (`tokenlake datasets`: in shards)"
             )
         else:
             names = ", ".join(c.name for c in result.faulty)

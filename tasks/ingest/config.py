@@ -81,7 +81,7 @@ class IngestConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sources: list[SourceConfig] = Field(default_factory=list)
-    rows_per_part: int = Field(default=20_000, ge=1, description="Rows per raw/<source>/part-NNNNN.parquet.")
+    rows_per_part: int = Field(default=20_000, ge=1, description="Rows per Parquet part of raw/SOURCE/.")
     partition_bytes: int = Field(
         default=16 * MiB,
         ge=1,

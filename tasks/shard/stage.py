@@ -181,6 +181,9 @@ def run_shard(
         "seq_len": config.seq_len,
         "dtype": dtype.name,
         "sequences": manifest.totals["sequences"],
+        # documents ending in a stored sequence (as `shards verify` counts); a source's tokens
+        # after its last whole sequence are not stored, so this is at most the documents kept
+        "documents_in_shards": sum(e.documents for e in manifest.shards),
         "shards": len(manifest.shards),
         "text_megabytes": round(text_bytes / 1e6, 3),
         "megabytes_per_second": round(text_bytes / 1e6 / max(report.seconds, 1e-9), 3),
@@ -276,6 +279,7 @@ def _facts(outcome: SourceOutcome, stored: list[ShardEntry], seconds: float) -> 
         "stream_tokens": outcome.stream_tokens,
         "sequences": outcome.sequences,
         "stored_tokens": sum(e.tokens for e in stored),
+        "documents_in_shards": sum(e.documents for e in stored),  # those ending in a stored sequence
         "shards": len(stored),
         "tail_tokens_dropped": outcome.tail_tokens_dropped,
         "reason": outcome.reason,

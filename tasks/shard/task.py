@@ -23,7 +23,9 @@ def shard_task(
 ) -> StageResult:
     """Tokenizer + shards of ``dedup/`` at ``input_commit``, committed on ``branch``."""
     in_run = TaskRunContext.get() is not None
-    progress_id = create_progress_artifact(0.0, description="shard: Parquet parts packed") if in_run else None
+    progress_id = (
+        create_progress_artifact(0.0, key="shard-progress", description="shard: Parquet parts packed") if in_run else None
+    )
     reported = [0]
 
     def progress(fraction: float) -> None:

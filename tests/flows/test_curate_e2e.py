@@ -2,15 +2,24 @@
 
 One corpus, one repository, runs in sequence: publish; re-run with no change (every stage
 reused, nothing new on main); change one stage's config (that stage and the later ones
-re-run); a failing gate (main unchanged, the run branch rolled back).
+re-run); change one stage's code (the same); a failing gate (main unchanged, the run branch
+deleted by the flow's failure hook).
 """
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    FlowRunFilter,
+    FlowRunFilterId,
+)
 
+from flows import caching
 from flows.curate import curate
 from flows.wap import MAIN, PublishRecord
 from formats.layout import STAGES
@@ -30,6 +39,22 @@ def _artifact_keys(flow_run_id) -> set[str]:
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
     return {a.key for a in artifacts if a.key}
+
+
+def _task_names(flow_run_id) -> list[str]:
+    """The task runs of a flow run, by task name, in the order they started."""
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return [r.name.rsplit("-", 1)[0] for r in sorted(runs, key=lambda r: r.expected_start_time)]
+
+
+def _project_copy_with_edited_stage(root, stage: str):
+    """The stage code as `flows.caching` reads it, in a copy where one file of ``stage`` changed."""
+    for package in caching.CODE_PACKAGES:
+        shutil.copytree(caching.PROJECT_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    edited = root / "tasks" / stage / "stage.py"
+    edited.write_text(edited.read_text() + "\n# an edit: the stage's code is not what made the cached outputs\n")
+    return root
 
 
 def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch):
@@ -64,7 +89,10 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
     assert reasons["ingest"] and reasons["validate"] and reasons["dedup"], (
         f"the planted empty, binary, too short and duplicate files are quarantined, not dropped: {reasons}"
     )
-    assert {"curate-stages", "curate-summary", "curate-progress"} <= _artifact_keys(state.state_details.flow_run_id)
+    flow_run_id = state.state_details.flow_run_id
+    assert {"curate-stages", "curate-summary", "curate-progress", "curate-funnel"} <= _artifact_keys(flow_run_id)
+    assert {f"{stage}-stage" for stage in STAGES} | {"shard-progress"} <= _artifact_keys(flow_run_id)
+    assert _task_names(flow_run_id) == ["open-run-branch", *STAGES, "publish"], "the graph reads like the pipeline"
 
     # 2. re-run with no change: every stage reused, main unchanged, the same version returned
     with stage_outcomes() as outcomes:
@@ -80,11 +108,21 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
     assert outcomes == {"ingest": "reused", "validate": "reused", "dedup": "reused", "shard": "ran", "mix": "ran"}
     assert second.new and second.tag != first.tag and repo.resolve(MAIN) == second.commit_id
     assert repo.get_commit(second.commit_id).parents[0] == first.commit_id
+    reshard_tag = second.tag
     assert column(repo, second.tag, "dedup/", "id") == ids, "the reused dedup output is the published one"
 
-    # 4. a failing gate: nothing published, the run branch rolled back
+    # 3b. change one stage's code: that stage and the later ones run again (the cache key holds
+    # a hash of the stage's source files, as Prefect's default policy holds a task's source)
+    monkeypatch.setattr(caching, "PROJECT_ROOT", _project_copy_with_edited_stage(tmp_path / "code", "dedup"))
+    with stage_outcomes() as outcomes:
+        recoded = curate(resharded)
+    assert outcomes == {"ingest": "reused", "validate": "reused", "dedup": "ran", "shard": "ran", "mix": "ran"}
+    assert recoded.new and repo.resolve(MAIN) == recoded.commit_id
+    second = recoded
+
+    # 4. a failing gate: nothing published, the run branch deleted by the flow's on_failure hook
     failing = resharded.model_copy(update={"gates": resharded.gates.model_copy(update={"min_tokens": 10**12})})
     state = curate(failing, return_state=True)
     assert state.is_failed() and "min_tokens" in state.message
     assert repo.resolve(MAIN) == second.commit_id and set(repo.list_branches()) == {MAIN}
-    assert set(repo.list_tags()) == {first.tag, second.tag}
+    assert {t for t in repo.list_tags() if t.startswith("ds-")} == {first.tag, reshard_tag, second.tag}

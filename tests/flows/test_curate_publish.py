@@ -147,7 +147,10 @@ def test_a_run_branch_left_by_a_killed_attempt_restarts_from_main(repo):
 
 
 def test_datasets_lists_versions_with_documents_and_tokens_per_source(repo):
-    manifest = {"sources": {"code": {"sequences": 2, "tokens": 514}, "prose": {"sequences": 1, "tokens": 257}}}
+    manifest = {
+        "sources": {"code": {"sequences": 2, "tokens": 514}, "prose": {"sequences": 1, "tokens": 257}},
+        "shards": [{"source": "code", "documents": 6}, {"source": "code", "documents": 3}, {"source": "prose", "documents": 4}],
+    }
     dedup = {"per_source": {"code": {"kept": 10}, "prose": {"kept": 4}}}
     head, chain = _run(repo, "curate-a", {
         "shards/manifest.json": json.dumps(manifest).encode(),
@@ -157,3 +160,4 @@ def test_datasets_lists_versions_with_documents_and_tokens_per_source(repo):
     (listed,) = list_versions(repo)
     assert listed.tag == version.tag and listed.commit_id == version.commit_id and listed.flow_run_id == "run-a"
     assert listed.tokens == {"code": 514, "prose": 257} and listed.documents == {"code": 10, "prose": 4}
+    assert listed.documents_in_shards == {"code": 9, "prose": 4}, "the end-of-document tokens `shards verify` counts"

@@ -18,7 +18,7 @@ def test_a_key_that_would_escape_the_copy_is_refused(tmp_path: Path, monkeypatch
     repo.put("main", "reports/data_docs/ingest/index.html", b"<html>ingest</html>")
     repo.commit("main", "docs")
     repo.create_tag("v1", "main")
-    links = summary_links.fn(str(tmp_path / "repo"), "v1", None)
+    links = summary_links(str(tmp_path / "repo"), "v1", None)
     copied = tmp_path / "home" / "data-docs" / "v1" / "ingest" / "index.html"
     assert links.data_docs == {"ingest": copied.as_uri()} and copied.read_bytes() == b"<html>ingest</html>"
 
@@ -26,5 +26,5 @@ def test_a_key_that_would_escape_the_copy_is_refused(tmp_path: Path, monkeypatch
     repo.commit("main", "a hostile key")
     repo.create_tag("v2", "main")
     with pytest.raises(InvalidPath, match="'..'"):
-        summary_links.fn(str(tmp_path / "repo"), "v2", None)
+        summary_links(str(tmp_path / "repo"), "v2", None)
     assert list(tmp_path.rglob("escaped.html")) == []

@@ -1,9 +1,10 @@
 """What the Prefect UI does, through Prefect's own client, against `tokenlake serve`.
 
-`tokenlake serve` runs as a subprocess serving deploy/prefect.yaml; the test then does what
-a person does in the UI: starts a curate run with custom parameters (the form), and retries a
-failed run (the Retry button sets the run to AwaitingRetry), which completes and reuses the
-stages its failed attempt finished.
+`tokenlake serve` runs as a subprocess: it registers deploy/prefect.yaml with `prefect deploy`
+and runs a process worker for its pool. The test then does what a person does in the UI:
+starts a curate run with custom parameters (the form), and retries a failed run (the Retry
+button sets the run to AwaitingRetry), which completes and reuses the stages its failed
+attempt finished.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ from uuid import UUID
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Scheduled
 
-from flows.deployments import load_deployments
+from flows.deployments import ServeError, ensure_process_pools, work_pools
 from tests.flows.curate_support import params_for, write_corpus
 from versioning.local import LocalRepo
 
@@ -33,13 +33,12 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 PREFECT_YAML = Path(__file__).resolve().parents[2] / "deploy" / "prefect.yaml"
 
 
-def test_prefect_yaml_declares_curate_nightly_janitor_and_train():
-    deployments, skipped = load_deployments(PREFECT_YAML)
-    by_name = {d.name: d for d in deployments}
-    assert set(by_name) == {"curate-nightly", "janitor-hourly", "train"} and not skipped
-    assert by_name["curate-nightly"].schedules and by_name["janitor-hourly"].schedules
-    assert not by_name["train"].schedules, "training runs when asked, not on a clock"
-    assert by_name["curate-nightly"].entrypoint == "flows.curate.curate"
+def test_prefect_yaml_declares_curate_nightly_janitor_and_train_in_one_pool(tmp_path):
+    assert work_pools(PREFECT_YAML) == dict.fromkeys(["curate-nightly", "janitor-hourly", "train"], "tokenlake")
+    poolless = tmp_path / "prefect.yaml"
+    poolless.write_text("deployments:\n  - name: x\n    entrypoint: flows/curate.py:curate\n")
+    with pytest.raises(ServeError, match="deployment 'x' names no work_pool"):
+        work_pools(poolless)
 
 
 # waits end in a failure that shows the serve log, never in a hung suite
@@ -51,7 +50,7 @@ def served(tmp_path):
     """`tokenlake serve` in a subprocess, talking to the test's Prefect API."""
     env = os.environ | {
         "PREFECT_API_URL": PREFECT_API_URL.value(),
-        "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
         "TOKENLAKE_HOME": str(tmp_path / "home"),
         "TOKENLAKE_REPO": str(tmp_path / "repo"),
     }
@@ -145,13 +144,16 @@ def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_sta
         ("ingest", "validate", "dedup"), "Cached"
     )
     assert retried["shard"] == retried["mix"] == "Completed"
+    with get_client(sync_client=True) as client:
+        every = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    # the failed attempt: open-run-branch + ingest..shard; the retry: open-run-branch + 5 stages + publish
+    assert len(every) == 5 + 7, sorted(r.name for r in every)
     assert len([t for t in repo.list_tags() if t.startswith("ds-")]) == 2
 
 
 def test_prefect_deploy_registers_them_with_a_work_pool(tmp_path):
-    """The other route: `prefect deploy --all` with a process work pool and a worker."""
-    with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(name="tokenlake", type="process"))
+    """What `tokenlake serve` and deploy/compose.yaml run: `prefect deploy --all` into the process pool."""
+    ensure_process_pools({"tokenlake"})
     env = os.environ | {"PREFECT_API_URL": PREFECT_API_URL.value(), "TOKENLAKE_ROOT": str(PREFECT_YAML.parents[1])}
     deploy = subprocess.run(
         [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_YAML)],
@@ -161,6 +163,10 @@ def test_prefect_deploy_registers_them_with_a_work_pool(tmp_path):
     with get_client(sync_client=True) as client:
         nightly = client.read_deployment_by_name("curate/curate-nightly")
         janitor = client.read_deployment_by_name("janitor/janitor-hourly")
-        client.read_deployment_by_name("train/train")
+        train = client.read_deployment_by_name("train/train")
     assert nightly.work_pool_name == "tokenlake" and nightly.schedules[0].schedule.cron == "0 2 * * *"
     assert janitor.schedules[0].schedule.cron == "17 * * * *"
+    assert not train.schedules, "training runs when asked, not on a clock"
+    assert nightly.pull_steps == [
+        {"prefect.deployments.steps.set_working_directory": {"directory": str(PREFECT_YAML.parents[1])}}
+    ], "the pull step is registered, {{ $TOKENLAKE_ROOT }} resolved by prefect deploy"

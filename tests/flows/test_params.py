@@ -3,6 +3,8 @@ before, still loads (old TOML files and saved deployment parameters)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from flows.params import CurateParams
@@ -22,3 +24,24 @@ def test_an_unknown_section_is_named_in_one_sentence(tmp_path):
     config.write_text("[filterz]\nbatch_rows = 7\n")
     with pytest.raises(ValueError, match=r"curate.toml: filterz: Extra inputs are not permitted"):
         CurateParams.from_toml(config)
+
+
+def _descriptions(schema: object) -> list[str]:
+    if isinstance(schema, dict):
+        found = [schema["description"]] if isinstance(schema.get("description"), str) else []
+        return found + [d for value in schema.values() for d in _descriptions(value)]
+    if isinstance(schema, list):
+        return [d for value in schema for d in _descriptions(value)]
+    return []
+
+
+def test_the_ui_forms_show_every_description_as_written():
+    """The Prefect UI renders descriptions as HTML: '<preset>' would vanish ("run name; default -")."""
+    from flows.janitor import JanitorParams
+    from flows.pipeline import PipelineParams
+    from flows.rollback import RollbackParams
+
+    for model in (PipelineParams, JanitorParams, RollbackParams):  # PipelineParams holds CurateParams and TrainParams
+        descriptions = _descriptions(model.model_json_schema())
+        assert len(descriptions) >= 3
+        assert not [d for d in descriptions if re.search(r"<[A-Za-z/][^>]*>", d)], model.__name__

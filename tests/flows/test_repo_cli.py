@@ -37,9 +37,9 @@ def run(repo_dir: Path, *args: str) -> int:
 def test_log_table_and_json(repo_dir: Path, capsys: pytest.CaptureFixture[str]):
     assert run(repo_dir, "log", "dev") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["commit", "created", "(UTC)", "kind", "message", "metadata"]
-    assert [line.split("  ")[-1].strip() for line in lines[1:3]] == ["edit on dev", "stage=ingest"]
-    assert len(lines) == 4
+    assert lines[0].split() == ["commit", "created", "(UTC)", "kind", "message", "stage,", "counts,", "gate"]
+    assert [line.split("  ")[-1].strip() for line in lines[1:3]] == ["edit on dev", "ingest"]
+    assert len(lines) == 5 and lines[-1] == "(every metadata field of each commit: --json)"
     assert lines[1].index("edit on dev") == lines[2].index("ingest")  # aligned columns
 
     assert run(repo_dir, "log", "--limit", "1", "--json") == 0
@@ -134,4 +134,27 @@ def test_a_missing_repository_is_not_created(tmp_path: Path, capsys: pytest.Capt
 def test_limit_must_be_a_number(repo_dir: Path, capsys: pytest.CaptureFixture[str]):
     with pytest.raises(SystemExit):
         run(repo_dir, "log", "--limit", "-3")
-    assert "expected a number >= 0" in capsys.readouterr().err
+    assert "argument --limit: expected a whole number >= 0, got -3" in capsys.readouterr().err
+
+
+def test_log_shows_stage_counts_and_gate_and_json_has_every_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    repo = LocalRepo(tmp_path / "repo")
+    repo.ensure()
+    meta = {"stage": "validate", "documents_in": "853", "kept": "750", "rejected": "103", "tokens": "0",
+            "gate": "passed", "gate_summary": "passed 27/27 expectations " + "x" * 200, "input_commit": "a" * 64}  # fmt: skip
+    repo.commit("main", "validate: kept 750 of 853", meta, allow_empty=True)
+    assert run(tmp_path / "repo", "log", "--limit", "1") == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    assert row.endswith("validate: kept 750 of 853  validate, kept 750 of 853, gate passed")
+    assert run(tmp_path / "repo", "log", "--limit", "1", "--json") == 0
+    assert json.loads(capsys.readouterr().out)[0]["metadata"] == meta
+
+
+def test_log_leaves_out_the_document_counts_of_a_stage_that_reads_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    repo = LocalRepo(tmp_path / "repo")
+    repo.ensure()
+    meta = {"stage": "mix", "documents_in": "0", "kept": "0", "rejected": "0", "tokens": "2242304"}
+    repo.commit("main", "mix: 4379 samples over 2 sources, mix 0123456789ab", meta, allow_empty=True)
+    assert run(tmp_path / "repo", "log", "--limit", "1") == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    assert row.endswith("mix: 4379 samples over 2 sources, mix 0123456789ab  mix, 2242304 tokens")

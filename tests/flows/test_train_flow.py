@@ -55,6 +55,13 @@ def test_a_crashed_torchrun_is_retried_resumes_and_the_run_is_published(tmp_path
     assert artifacts["train-plot-flow-run"].data.startswith("data:image/png;base64,")
     record = json.loads(LocalRepo(ds.repo).get("runs", "runs/flow-run/checkpoints/step-0000008.json"))
     assert record["flow_run_id"] == flow_run_id and record["data"]["commit"] == ds.commit
+    assert summary.trained_steps == 8
+
+    # the same run again: already at step 8 on this commit, so nothing is trained (torchrun, which
+    # would write a "resume" record, is not started) and the summary says so
+    again = train_flow(params)
+    assert (again.step, again.trained_steps, again.checkpoint) == (8, 0, summary.checkpoint)
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "resume"] == [0, 4]
 
 
 def test_the_command_line_maps_onto_the_flow_parameters():
@@ -71,3 +78,15 @@ def test_the_command_line_maps_onto_the_flow_parameters():
     assert config.checkpoint.every == 100 and config.model.n_layer == 6 and config.run == "small-abababababab"
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_overrides(["oops"])
+
+
+def test_a_run_already_at_its_steps_says_so_instead_of_reprinting_metrics(capsys):
+    from flows.commands.train import print_training
+    from flows.train import TrainSummary
+
+    done = TrainSummary(run="tiny-abababababab", data_commit="ab" * 32, step=300, trained_steps=0,
+                        checkpoint="c", run_dir="d", metrics={"steps": 300, "loss": 6.2})  # fmt: skip
+    print_training(done)
+    out = capsys.readouterr().out
+    assert out.startswith("nothing to train: the run tiny-abababababab is already at step 300 on this commit")
+    assert "| metric |" not in out and "6.2" not in out, "the earlier run's metrics are not shown as if this run trained"

@@ -1,22 +1,14 @@
 """A curate run that fails because lakeFS is down still removes its run branch once lakeFS is
-back (the transaction's rollback hook retries as IO tasks do). Found by
+back (the flow's on_failure/on_crashed hook retries as IO tasks do). Found by
 ``benchmarks/chaos/lakefs_faults.py``: a run failed by a 30 s outage left its branch behind."""
 
 from __future__ import annotations
 
 import threading
 
-from flows.curate import _delete_run_branch
+from flows.curate import delete_run_branch
 from tests.lakefs_double import FaultConfig, LakeFSDouble
 from tests.versioning.lakefs_backends import connect
-
-
-class Txn:
-    def __init__(self, **values: str):
-        self.values = values
-
-    def get(self, key: str) -> str:
-        return self.values[key]
 
 
 def test_the_run_branch_is_deleted_once_lakefs_is_back(tmp_path, monkeypatch):
@@ -40,7 +32,7 @@ def test_the_run_branch_is_deleted_once_lakefs_is_back(tmp_path, monkeypatch):
 
         healer = threading.Thread(target=heal_after_a_failed_attempt, daemon=True)
         healer.start()
-        _delete_run_branch(Txn(repo_spec="lakefs://outage", branch="curate-run-1"))
+        delete_run_branch("lakefs://outage", "curate-run-1")
         healer.join()
         assert healed.is_set()
         assert set(repo.list_branches()) == {"main"}

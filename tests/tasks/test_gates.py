@@ -6,6 +6,7 @@ name that says what it checked (a sample says so), and a failing suite blocks it
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -172,3 +173,25 @@ def test_a_gate_on_a_sample_says_so_in_the_report_the_commit_and_the_data_docs(t
     assert whole.report["expectations"]["sampled"] is False
     assert whole.report["expectations"]["run_name"] == f"ingest-{base[:12]}-all-5"
     assert "checked all 5 documents" in _docs(repo, whole.commit_id, "ingest")["expectations/raw_documents.html"]
+
+
+def test_data_docs_render_offline_with_local_bootstrap_and_jquery(tmp_path: Path) -> None:
+    """No page loads anything from the network; every local stylesheet, script and image it names is there."""
+    import re
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "d.txt").write_text(TEXT)
+    repo = open_repo(str(tmp_path / "repo"))
+    repo.create_branch("curate-o", "main")
+    source = SourceConfig(name="docs", kind="prose", format="files", path=str(tmp_path / "docs"))
+    result = run_stage(run_ingest, repo, "curate-o", repo.resolve("curate-o"), IngestConfig(sources=[source]))
+    prefix = "reports/data_docs/ingest/"
+    files = {s.path.removeprefix(prefix) for s in repo.list(result.commit_id, prefix)}
+    pages = _docs(repo, result.commit_id, "ingest")
+    assert {"static/vendor/bootstrap.min.css", "static/vendor/jquery.min.js"} <= files
+    for name, html in pages.items():
+        loads = re.findall(r"""<(?:link|script|img)\b[^>]*(?:href|src)=["']([^"'#]+)["']""", html)
+        assert not [url for url in loads if re.match(r"https?://", url)], f"{name} loads from the network"
+        assert any(url.endswith("static/vendor/bootstrap.min.css") for url in loads), name
+        for url in loads:
+            assert os.path.normpath(Path(name).parent / url) in files, f"{name} loads {url}, not in the Data Docs"

@@ -15,6 +15,7 @@ from formats.shards import HEADER_SIZE, Manifest, ShardEntry
 from tasks.mix.stage import run_mix
 from tasks.mix.task import mix_task
 from tasks.stage import run_stage
+from tasks.stage_task import stage_table
 from versioning.local import LocalRepo
 
 SEQ_LEN = 64
@@ -81,6 +82,10 @@ def test_mix_stage_writes_the_resolved_plan_and_commits_it(repo, tmp_path):
     commit = repo.get_commit(result.commit_id)
     assert commit.metadata["stage"] == "mix" and commit.metadata["mix_sha256"] == plan.sha256()
     assert commit.metadata["input_commit"] == input_commit and commit.metadata["flow_run_id"] == "flow-1"
+    assert commit.message == f"mix: 10000 samples over 3 sources, mix {plan.sha256()[:12]}", "not 'kept 0 of 0'"
+    total = stage_table(result.report)[-1]
+    assert total["source"] == "(all)" and total["tokens"] == 10_000 * SEQ_LEN
+    assert "documents_in" not in total and "kept" not in total, "mix reads no documents: no '0 in, 0 kept'"
     source, _, _ = plan.locate(np.arange(plan.total_samples))
     assert np.array_equal(np.bincount(source, minlength=3), plan.samples)
 

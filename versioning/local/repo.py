@@ -177,7 +177,7 @@ class LocalRepo:
         validate_tag(tag)
         with self._db.write() as conn:
             if conn.execute("DELETE FROM tags WHERE name=?", (tag,)).rowcount == 0:
-                raise NotFound(f"tag {tag!r} not found in repository {self.name!r}")
+                raise NotFound(f"tag {tag!r} not found in repository {str(self.root)!r}")
 
     def list_tags(self) -> dict[str, str]:
         rows = self._db.connection().execute("SELECT name, commit_id FROM tags ORDER BY name").fetchall()
@@ -444,7 +444,7 @@ class LocalRepo:
                 for _ in range(count):
                     parents = self._commit(conn, cid).parents
                     if not parents:
-                        raise NotFound(f"ref {ref!r} not found in repository {self.name!r}: no such ancestor")
+                        raise NotFound(f"ref {ref!r} not found in repository {str(self.root)!r}: no such ancestor")
                     cid = parents[0]
             elif count > 0:  # "^0" is the commit itself
                 parents = self._commit(conn, cid).parents
@@ -467,13 +467,13 @@ class LocalRepo:
             if len(found) == 1:
                 return found[0], None
             if len(found) > 1:
-                raise NotFound(f"ref {ref!r} is an ambiguous commit id prefix in repository {self.name!r}")
-        raise NotFound(f"ref {ref!r} not found in repository {self.name!r}")
+                raise NotFound(f"ref {ref!r} is an ambiguous commit id prefix in repository {str(self.root)!r}")
+        raise NotFound(f"ref {ref!r} not found in repository {str(self.root)!r}")
 
     def _branch_head(self, conn: sqlite3.Connection, branch: str) -> str:
         row = conn.execute("SELECT head FROM branches WHERE name=?", (branch,)).fetchone()
         if row is None:
-            raise NotFound(f"branch {branch!r} not found in repository {self.name!r}")
+            raise NotFound(f"branch {branch!r} not found in repository {str(self.root)!r}")
         return row[0]
 
     def _default_branch(self, conn: sqlite3.Connection) -> str:
@@ -483,7 +483,7 @@ class LocalRepo:
     def _commit(self, conn: sqlite3.Connection, cid: str) -> graph.CommitRow:
         row = graph.load(conn, cid)
         if row is None:
-            raise NotFound(f"commit {cid!r} not found in repository {self.name!r}")
+            raise NotFound(f"commit {cid!r} not found in repository {str(self.root)!r}")
         return row
 
     def _move_branch(self, conn: sqlite3.Connection, branch: str, expected: str, new: str) -> None:
