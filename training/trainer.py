@@ -37,11 +37,12 @@ from training.checkpoint import (
     remove_partial_saves,
 )
 from training.config import TrainConfig
-from training.data import Loader, ShardCache, describe_samples, open_dataset
+from training.data import ShardCache, describe_samples, open_streaming
 from training.distributed import DistContext, close_distributed, elastic_restart_count, init_distributed
 from training.errors import TrainingError
 from training.faults import FaultInjector
 from training.lineage import LineageWriter
+from training.loader_pool import make_loader
 from training.metrics import (
     MetricsLog,
     peak_flops,
@@ -115,18 +116,25 @@ class Trainer:
     # ---- builders ------------------------------------------------------------------------
 
     def _build_data(self) -> None:
-        """Bind to the data commit; fill and verify the shard cache (one process per machine)."""
+        """Bind to the data commit; its shards stream into the node's bounded cache as batches need them."""
         repo = open_repo(self.repo_spec, create=False)
         commit = self.dist.broadcast(repo.resolve(self.cfg.commit) if self.dist.is_main else None)
-        self.binding, self.dataset = open_dataset(
+        data = self.cfg.data
+        self.cache = ShardCache(
+            self.cfg.cache_dir(), warn=self.say, max_bytes=data.cache_max_bytes, protect_steps=data.cache_protect_steps
+        )
+        self.data = open_streaming(
             repo,
             self.repo_spec,
             commit,
-            ShardCache(self.cfg.cache_dir(), warn=self.say),
-            self.cfg.data.heldout_fraction,
-            fetch=self.dist.local_rank == 0,
-            barrier=self.dist.barrier,
+            self.cache,
+            data.heldout_fraction,
+            lambda: open_repo(self.repo_spec, create=False),
+            workers=data.fetch_workers if data.loader == "thread" else 1,  # else only evaluation reads here
+            fetch_timeout_s=data.fetch_timeout_s,
+            warn=self.say,
         )
+        self.binding, self.dataset = self.data.binding, self.data.dataset
 
     def _build_model(self) -> None:
         """The model (parallelised), its optimizer, LR schedule, autocast and gradient scaler."""
@@ -154,14 +162,17 @@ class Trainer:
     def _build_loader(self) -> None:
         """This rank's batches, and the spike detector that judges each step."""
         config = self.cfg
-        self.loader = Loader(
+        self.loader = make_loader(
+            config,
+            self.dist,
             self.dataset,
-            config.global_batch,
+            self.data.stream,
+            self.data.files,
+            self.binding.commit,
+            self.repo_spec,
             config.micro_batch,
-            self.dist.rank,
-            self.dist.world_size,
-            config.data.prefetch_batches,
-            pin_memory=self.device.type == "cuda",
+            notify=self._data_event,
+            warn=self.say,
         )
         stability = config.stability
         self.detector = SpikeDetector(stability.window, stability.zscore, stability.min_history)
@@ -175,6 +186,7 @@ class Trainer:
         if config.eval_every and len(self.eval_ids[0]) < config.global_batch:
             self.say("evaluation is off: fewer held-out sequences than one global batch")
             self.eval_ids = (self.eval_ids[0][:0], self.eval_ids[1][:0])
+        self.dataset.keep_rows(*self.eval_ids)  # read once: evaluating never waits on the cache
 
     def _build_checkpointing(self) -> None:
         """What a checkpoint holds (``states``), where it goes, and what is recorded about it."""
@@ -220,6 +232,12 @@ class Trainer:
     def say(self, message: str) -> None:
         if self.dist.is_main:
             print(f"[train {self.cfg.run}] {message}", flush=True)
+
+    def _data_event(self, record: dict[str, Any]) -> None:
+        """A loader's report (a step waiting for data, a loader taken over): said, and in the metrics."""
+        self.say(record["message"])
+        if self.metrics:
+            self.metrics.write({**record, "step": self.progress.step + 1, "time": time.time()})
 
     def _parallelize(self, model: GPT) -> torch.nn.Module:
         """FSDP2 shards ``model`` in place (blocks, then the root); DDP and compile wrap it.
@@ -501,6 +519,9 @@ class Trainer:
     def close(self) -> None:
         """Stop the loader, finish a save in flight, give queued lineage a last try (also after an error)."""
         self.loader.close()
+        self.data.stream.close()
+        if self.metrics:
+            self.metrics.write({"kind": "data", **self.loader.report(), "cache": self.cache.stats(), "time": time.time()})
         if self.samples_log:
             self.samples_log.close()
             self.samples_log = None
