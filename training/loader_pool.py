@@ -168,6 +168,7 @@ class LoaderSupervisor:
         event = {
             "kind": "loader_takeover",
             "reason": reason,
+            "from_shadow": shadow_alive,  # else a cold loader was started in its place
             "warm_shadow": warm,
             "new_active_pid": self.pid(self.active_id),
             "takeover_ms": 1000 * (time.monotonic() - started),
@@ -353,6 +354,7 @@ class ProcessLoader:
         return {
             "loader": "process",
             "takeovers": len(takeovers),
+            "shadow_takeovers": sum(t["from_shadow"] for t in takeovers),
             "warm_takeovers": sum(t["warm_shadow"] for t in takeovers),
             "longest_data_wait_ms": 1000 * self.longest_wait_s,
         }

@@ -83,13 +83,16 @@ class ShardStream:
             self._cond.notify_all()
 
     def array(self, shard: int) -> np.ndarray:
-        """The rows of ``shard``, waiting for its fetch (fetching it now if it was not wanted)."""
+        """The rows of ``shard``, waiting for its fetch. A shard nobody said it wants is fetched
+        now, read, and not kept wanted (nor mapped) afterwards: an on-demand read."""
         rows = self._arrays.get(shard)
         if rows is not None:
             return rows
+        on_demand = False
         while True:
             with self._cond:
                 if shard not in self._wanted:
+                    on_demand = True
                     self._wanted[shard] = 0
                     self._publish()
                     self._cond.notify_all()
@@ -110,7 +113,12 @@ class ShardStream:
             except ShardFormatError as exc:
                 raise DataError(f"shard {self.dataset.entries[shard].name}: {exc}") from None
             with self._cond:
-                self._arrays[shard] = rows
+                if on_demand:
+                    self._wanted.pop(shard, None)
+                    self._local.discard(shard)
+                    self._publish()
+                else:
+                    self._arrays[shard] = rows
             return rows
 
     def close(self) -> None:
