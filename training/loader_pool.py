@@ -186,19 +186,18 @@ class LoaderSupervisor:
             events, self._unreported = self._unreported, []
         return events
 
-    def wait_warm_shadow(self, timeout_s: float = 120.0) -> bool:
-        """Wait until the shadow is warm (the loader fault injection kills only then)."""
+    def signal_active(self, signum: int, timeout_s: float = 120.0) -> None:
+        """Tests: send ``signum`` to the active loader once it is running and the shadow is warm
+        (not to one whose death the watcher has yet to handle)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:
             with self._lock:
-                if self.ring.loader(self.shadow_id)[2]:
-                    return True
+                active, _ = self._procs[self.active_id]
+                ready = active.poll() is None and self.ring.loader(self.shadow_id)[2]
+                if ready or time.monotonic() > deadline:
+                    os.kill(active.pid, signum)
+                    return
             time.sleep(0.005)
-        return False
-
-    def signal_active(self, signum: int) -> None:
-        with self._lock:
-            os.kill(self.pid(self.active_id), signum)
 
     def _write_status(self) -> None:
         status = {
@@ -346,7 +345,6 @@ class ProcessLoader:
         signum = self._faults.get(self._handed_out)
         if signum is None or self.supervisor is None:
             return
-        self.supervisor.wait_warm_shadow()
         self.supervisor.signal_active(signum)
 
     def report(self) -> dict[str, Any]:
@@ -366,6 +364,8 @@ class ProcessLoader:
         if self._in_flight is not None:
             self._in_flight.synchronize()
             self._in_flight = None
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.ring.base_address)
         if self.supervisor is not None:
             self.supervisor.close()
             Path(self.supervisor.spec.commit_files).unlink(missing_ok=True)

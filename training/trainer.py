@@ -102,10 +102,16 @@ class Trainer:
             (self.run_dir / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
         # the order matters: the model's initialisation draws from the RNG seeded here
         self._build_data()
-        self._build_model()
-        self._build_loader()
-        self._build_evaluation()
-        self._build_checkpointing()
+        try:
+            self._build_model()
+            self._build_loader()
+            self._build_evaluation()
+            self._build_checkpointing()
+        except BaseException:  # loader processes and fetch threads must not outlive a failed start
+            if hasattr(self, "loader"):
+                self.loader.close()
+            self.data.stream.close()
+            raise
         self.metrics: MetricsLog | None = None
         self.samples_log = (
             (self.run_dir / f"samples-rank{dist.rank}-of-{dist.world_size}.jsonl").open("a")
