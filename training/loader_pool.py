@@ -49,6 +49,7 @@ import torch
 from training.config import TrainConfig
 from training.data import Batch, Loader
 from training.distributed import DistContext
+from training.errors import TrainingError
 from training.loader_ring import LoaderSpec, Ring, RingLayout
 from training.samples import CommitFiles, DataError, TokenDataset, rank_slice
 from training.streaming import ShardStream
@@ -296,7 +297,7 @@ class ProcessLoader:
     def _check(self) -> None:
         fatal = self.ring.text("fatal")
         if fatal:
-            raise DataError(fatal)
+            raise TrainingError(fatal)
         error = self.ring.error(self._version + 1, self.cursor)
         if error:
             raise DataError(error)

@@ -29,13 +29,14 @@ from training.shard_cache import ShardCache
 from training.streaming import AssembledBatch, BatchPlanner, ShardStream
 from versioning import open_repo
 
+_MIN_PAUSE_S, _MAX_PAUSE_S = 0.0005, 0.005
+
 
 class LoaderProcess:
     def __init__(self, spec: LoaderSpec, loader_id: int):
         self.spec = spec
         self.id = loader_id
         self.ring = Ring(Path(spec.ring), spec.layout)
-        self.ring.register(loader_id, os.getpid())
         stored = json.loads(Path(spec.commit_files).read_text())
         files = CommitFiles(stored["manifest"].encode(), stored["mix"].encode(), stored["tokenizer_sha256"])
         _, manifest, plan = bind(files, spec.repo, spec.commit)
@@ -63,6 +64,16 @@ class LoaderProcess:
         self.ready: deque[AssembledBatch] = deque()  # assembled, not yet in the ring
         self.stuck = False  # the next batch cannot be assembled (an error is recorded)
         self._status = ""
+        self._pause = _MIN_PAUSE_S  # idle polls back off, and come back to the minimum on work
+        # registered once ready: until then the supervisor allows a start-up time, not a heartbeat gap
+        self.ring.register(loader_id, os.getpid())
+
+    def idle(self) -> None:
+        time.sleep(self._pause)
+        self._pause = min(_MAX_PAUSE_S, self._pause * 2)
+
+    def worked(self) -> None:
+        self._pause = _MIN_PAUSE_S
 
     def say(self, message: str) -> None:
         print(f"[loader {self.id} pid {os.getpid()}] {message}", file=sys.stderr, flush=True)
@@ -111,7 +122,7 @@ class LoaderProcess:
 
     def _active_step(self) -> None:
         if not self._sync() or self.stuck:
-            time.sleep(0.002)
+            self.idle()
             return
         floor = self._floor()
         while self.ready and (
@@ -122,7 +133,7 @@ class LoaderProcess:
             self.planner.reset(floor, self.skipped)
         slot = self.ring.free_slot(self.version)
         if slot is None:
-            time.sleep(0.001)
+            self.idle()
             return
         try:
             if self.ready:
@@ -140,10 +151,11 @@ class LoaderProcess:
         per_rank = list(zip(batch.source, batch.index, batch.rows, strict=True))
         self.ring.write_slot(slot, self.version, batch.start, batch.end, batch.positions, per_rank)
         self.ring.produced = batch.end
+        self.worked()
 
     def _shadow_step(self) -> None:
         if not self._sync():
-            time.sleep(0.005)
+            self.idle()
             return
         floor = self._floor()
         while self.ready and self.ready[0].end <= floor:
@@ -155,10 +167,11 @@ class LoaderProcess:
         if len(self.ready) < self.spec.shadow_prefetch and not self.stuck:
             try:
                 self.ready.append(self.planner.next())
+                self.worked()
             except DataError:
                 self.stuck = True  # the active loader reports it when a rank gets that far
         else:
-            time.sleep(0.005)
+            self.idle()
 
 
 def main(argv: list[str]) -> None:
