@@ -30,7 +30,8 @@ from tasks.shard.pack import SAMPLED_OUT, STAGE, RowSpill, SourceOutcome, pack_s
 from tasks.stage import StageReport, StageWriter
 from tasks.tokenize import Encoder, TokenizerError, TrainingSample, train_tokenizer
 from tasks.tokenize import tokenizer_sha256 as sha256_of_tokenizer
-from versioning import DataRepo, NotFound
+from versioning import DataRepo, DiskFull, NotFound
+from versioning.diskspace import disk_full_message, is_disk_full
 
 INPUT_PREFIX = layout.DEDUP
 REQUIRED_COLUMNS = ("id", "text")
@@ -138,20 +139,26 @@ def run_shard(
 
             source_started = time.perf_counter()
             spill = RowSpill(Path(work) / f"{source}.rows", config.seq_len + 1, dtype)
-            with stage.source(source) as out:
-                try:
-                    outcome = pack_source(source, read_tables, encoder, config, spill, out.quarantine)
-                except BaseException:
-                    spill.discard()
+            try:
+                with stage.source(source) as out:
+                    try:
+                        outcome = pack_source(source, read_tables, encoder, config, spill, out.quarantine)
+                    except BaseException:
+                        spill.discard()
+                        raise
+                    # kept documents become tokens, and sampled-out ones have no row to quarantine
+                    out.count(
+                        documents_in=outcome.documents_in,
+                        kept=outcome.kept,
+                        rejected={SAMPLED_OUT: outcome.rejected.get(SAMPLED_OUT, 0)},
+                    )
+                    stored = _store_shards(repo, branch, source, spill, Path(work), encoder.eod_id, config)
+                    out.facts |= _facts(outcome, stored, time.perf_counter() - source_started)
+            except OSError as exc:  # the local spill and shard files (the repository says its own)
+                if not is_disk_full(exc):
                     raise
-                # kept documents become tokens, and sampled-out ones have no row to quarantine
-                out.count(
-                    documents_in=outcome.documents_in,
-                    kept=outcome.kept,
-                    rejected={SAMPLED_OUT: outcome.rejected.get(SAMPLED_OUT, 0)},
-                )
-                stored = _store_shards(repo, branch, source, spill, Path(work), encoder.eod_id, config)
-                out.facts |= _facts(outcome, stored, time.perf_counter() - source_started)
+                needed = spill.rows * spill.row_len * spill.dtype.itemsize  # the shards copy the spill
+                raise DiskFull(disk_full_message(f"the shards of source {source!r} to", work, needed)) from None
             entries += stored
 
         manifest = Manifest.build(

@@ -31,6 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from versioning.diskspace import DiskFull, disk_full_message, is_disk_full
 from versioning.port import InvalidPath, NotFound, PutSource
 
 CHUNK_BYTES = 8 << 20
@@ -118,7 +119,7 @@ class ObjectStore:
                 _write_all(fd, view)
                 return sha256, len(view)
 
-            return self._store(fill)
+            return self._store(fill, len(view))
 
         def fill_hashing(fd: int) -> tuple[str, int]:
             digest = hashlib.sha256()
@@ -128,7 +129,7 @@ class ObjectStore:
                 hashed.result()
             return digest.hexdigest(), len(view)
 
-        return self._store(fill_hashing)
+        return self._store(fill_hashing, len(view))
 
     def _write_file(
         self, source_fd: int, start: int, readinto: ReadInto, seek: Callable[[int], object]
@@ -143,10 +144,13 @@ class ObjectStore:
                 seek(start)
                 return _copy_stream_hashing(readinto, fd, self.durable)
 
-        return self._store(fill)
+        return self._store(fill, max(0, os.fstat(source_fd).st_size - start))
 
-    def _store(self, fill: Callable[[int], tuple[str, int]]) -> tuple[str, int]:
-        """Run ``fill`` on a fresh temp file, then publish the file under its digest."""
+    def _store(self, fill: Callable[[int], tuple[str, int]], size: int | None = None) -> tuple[str, int]:
+        """Run ``fill`` on a fresh temp file, then publish the file under its digest.
+
+        A full disk removes the temp file and raises :class:`DiskFull` naming the store and
+        ``size``, the object's size when known."""
         temp = str(self.temp_dir / f"{os.getpid()}-{secrets.token_hex(8)}.tmp")
         try:
             fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o444)
@@ -166,9 +170,13 @@ class ObjectStore:
                 os.unlink(temp)
             else:
                 self._rename_into_place(temp, final)
-        except BaseException:
+        except BaseException as exc:
+            written = _size_of(temp)
             with contextlib.suppress(OSError):
                 os.unlink(temp)
+            if is_disk_full(exc):
+                where = "an object to the repository's object store"
+                raise DiskFull(disk_full_message(where, self.dir, size, written)) from None
             raise
         return sha256, size
 
@@ -185,6 +193,13 @@ class ObjectStore:
             os.rename(temp, final)
         if self.durable:
             _fsync_dir(fan_out)
+
+
+def _size_of(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _regular_file_offset(source: object) -> int | None:
