@@ -187,9 +187,9 @@ class LoaderSupervisor:
             events, self._unreported = self._unreported, []
         return events
 
-    def signal_active(self, signum: int, timeout_s: float = 120.0) -> None:
+    def signal_active(self, signum: int, timeout_s: float = 120.0) -> int:
         """Tests: send ``signum`` to the active loader once it is running and the shadow is warm
-        (not to one whose death the watcher has yet to handle)."""
+        (not to one whose death the watcher has yet to handle); returns its pid."""
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
@@ -197,7 +197,7 @@ class LoaderSupervisor:
                 ready = active.poll() is None and self.ring.loader(self.shadow_id)[2]
                 if ready or time.monotonic() > deadline:
                     os.kill(active.pid, signum)
-                    return
+                    return active.pid
             time.sleep(0.005)
 
     def _write_status(self) -> None:
@@ -346,7 +346,11 @@ class ProcessLoader:
         signum = self._faults.get(self._handed_out)
         if signum is None or self.supervisor is None:
             return
-        self.supervisor.signal_active(signum)
+        pid = self.supervisor.signal_active(signum)
+        if self.notify:  # the test finds this loader's takeover by its pid
+            name = signal.Signals(signum).name
+            self.notify({"kind": "loader_fault", "pid": pid, "signal": name, "batch": self._handed_out,
+                         "message": f"fault injected: {name} sent to the active loader (pid {pid})"})  # fmt: skip
 
     def report(self) -> dict[str, Any]:
         takeovers = self.supervisor.takeovers if self.supervisor else []
