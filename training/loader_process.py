@@ -32,6 +32,10 @@ from versioning import open_repo
 _MIN_PAUSE_S, _MAX_PAUSE_S = 0.0005, 0.005
 
 
+class _Stopped(Exception):
+    """The supervisor asked this loader to stop, or its trainer process is gone."""
+
+
 class LoaderProcess:
     def __init__(self, spec: LoaderSpec, loader_id: int):
         self.spec = spec
@@ -79,6 +83,8 @@ class LoaderProcess:
         print(f"[loader {self.id} pid {os.getpid()}] {message}", file=sys.stderr, flush=True)
 
     def beat(self) -> None:
+        if self.ring.stop or self.orphaned():  # also ends a wait for a shard that may never come
+            raise _Stopped
         self.ring.beat(self.id)
         if self.ring.active == self.id and self.stream.reason != self._status:
             self._status = self.stream.reason
@@ -89,7 +95,7 @@ class LoaderProcess:
 
     def run(self) -> None:
         try:
-            while not self.ring.stop and not self.orphaned():
+            while True:
                 self.beat()
                 if self.ring.active == self.id:
                     self.planner.lookahead = self.spec.fetch_ahead_steps
@@ -97,6 +103,8 @@ class LoaderProcess:
                 else:
                     self.planner.lookahead = self.spec.shadow_prefetch
                     self._shadow_step()
+        except _Stopped:
+            pass
         finally:
             self.stream.close()
             if self.orphaned():  # nobody else will remove the ring

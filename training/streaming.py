@@ -61,6 +61,7 @@ class ShardStream:
         self._local: set[int] = set()  # fetched and verified, not since let go
         self._inflight: set[int] = set()
         self._deferred: set[int] = set()  # no room yet; tried again when the needs move on
+        self._needs_version = 0  # bumped by want(): a fetch refused under older needs is not deferred
         self._errors: dict[int, DataError] = {}
         self._arrays: dict[int, np.ndarray] = {}
         self._closed = False
@@ -77,6 +78,7 @@ class ShardStream:
             self._wanted = dict(needs)
             self._local &= needs.keys()
             self._deferred.clear()
+            self._needs_version += 1
             for shard in [s for s in self._arrays if s not in needs]:
                 del self._arrays[shard]  # unmapped: an evicted file's space is freed
             self._publish()
@@ -151,13 +153,17 @@ class ShardStream:
                     return
                 distance, shard = picked
                 self._inflight.add(shard)
+                version = self._needs_version
             outcome = self._fetch(repo, shard, distance)
             with self._cond:
                 self._inflight.discard(shard)
                 if outcome is True:
                     self._local.add(shard)
                 elif outcome is False:
-                    self._deferred.add(shard)
+                    # refused for room at the distance it was wanted at; when the needs have moved
+                    # on meanwhile (it may be needed next), it is picked again at its new distance
+                    if version == self._needs_version:
+                        self._deferred.add(shard)
                 else:
                     self._errors[shard] = outcome
                 self._cond.notify_all()

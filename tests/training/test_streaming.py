@@ -16,7 +16,7 @@ from training.config import CheckpointConfig, DataConfig
 from training.data import ShardCache, batch_positions, open_dataset, open_streaming
 from training.metrics import read_metrics
 from training.samples import read_binding
-from training.streaming import BatchPlanner
+from training.streaming import BatchPlanner, ShardStream
 from training.trainer import train
 from versioning.local import LocalRepo
 
@@ -188,3 +188,51 @@ def test_a_streamed_run_that_reads_part_of_a_commit_fetches_only_that_part(many_
     cached = len(list(config.cache_dir().glob("??/*.bin")))
     assert 0 < cached < len(shard_bytes(ds)) / 2
     assert np.isfinite([r["loss"] for r in train_records(config.run_dir())]).all()
+
+
+class GatedCache(ShardCache):
+    """Holds the first fetch of one shard until the test releases it."""
+
+    def __init__(self, root, gated: str, **kwargs):
+        super().__init__(root, **kwargs)
+        self.gated, self.picked, self.release = gated, threading.Event(), threading.Event()
+        self.calls: list[tuple[str, int, bool]] = []  # (shard, distance it was wanted at, fetched)
+
+    def fetch(self, repo, commit, entry, distance=0):
+        if entry.name == self.gated and not self.picked.is_set():
+            self.picked.set()
+            self.release.wait()
+        path = super().fetch(repo, commit, entry, distance)
+        self.calls.append((entry.name, distance, path is not None))
+        return path
+
+
+def test_a_shard_refused_for_room_while_the_needs_moved_on_is_fetched_when_needed(many_shards, tmp_path):
+    """The race behind a hang: a shard wanted far ahead is refused for room while the reader
+    has meanwhile come to need it next; it must be fetched again, not set aside until the
+    needs change (they do not: the reader is waiting for that very shard)."""
+    ds = many_shards
+    repo = LocalRepo(ds.repo)
+    commit = open_streaming(
+        repo, str(ds.repo), ds.commit, ShardCache(tmp_path / "unused"), 0.05, lambda: repo, workers=1
+    )
+    dataset = commit.dataset
+    commit.stream.close()
+    a, b, x = 0, 1, 2
+    sizes = [dataset.entries[s].bytes for s in (a, b)]
+    cache = GatedCache(
+        tmp_path / "cache", dataset.entries[x].name, max_bytes=sum(sizes), protect_steps=1, warn=lambda _: None
+    )
+    stream = ShardStream(cache, lambda: repo, ds.commit, dataset, workers=1)
+    try:
+        stream.want({a: 0, b: 1, x: 2})
+        cache.picked.wait()  # a and b are in; x, needed in 2 steps, does not fit beside them
+        stream.want({x: 0, a: 1, b: 2})  # the reader moved on: x is needed next
+        cache.release.set()  # the fetch picked under the old needs is refused for room
+        rows = stream.array(x)  # a regression waits here forever (pytest-timeout ends it)
+    finally:
+        stream.close()
+    assert rows.shape[0] > 0
+    names = [dataset.entries[s].name for s in (a, b, x)]
+    assert cache.calls[:3] == [(names[0], 0, True), (names[1], 1, True), (names[2], 2, False)]
+    assert cache.calls[3:] == [(names[2], 0, True)]
