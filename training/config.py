@@ -86,8 +86,31 @@ class DataConfig(_Frozen):
         default=0.01, ge=0, lt=0.5, description="tail of each source kept out of training for evaluation"
     )
     eval_sequences: int = Field(default=64, ge=0, description="held-out sequences per evaluation")
-    prefetch_batches: int = Field(default=4, ge=1, description="bound of the background prefetch buffer")
+    prefetch_batches: int = Field(default=4, ge=1, description="batches assembled ahead of training")
     cache_dir: str | None = Field(default=None, description="shard cache; default <data home>/cache/shards")
+    loader: Literal["process", "thread"] = Field(
+        default="process",
+        description="process: one loader process per node with a warm shadow that takes over if it fails; "
+        "thread: a thread in each trainer process (small runs, tests)",
+    )
+    cache_max_bytes: int | None = Field(
+        default=None, ge=1, description="cap on the node's shard cache; None: no cap (shards still stream)"
+    )
+    cache_protect_steps: int = Field(
+        default=2, ge=0, description="the shards of the next N steps are never evicted from the cache"
+    )
+    fetch_ahead_steps: int = Field(default=8, ge=1, description="shards are fetched this many steps ahead")
+    fetch_workers: int = Field(default=4, ge=1, description="concurrent shard downloads per loader")
+    fetch_timeout_s: float = Field(
+        default=1800.0, gt=0, description="stop when a shard cannot be fetched for this long (repository down)"
+    )
+    loader_timeout_s: float = Field(
+        default=30.0, gt=0, description="a loader process silent this long is replaced by its shadow"
+    )
+    shadow_prefetch_batches: int = Field(default=2, ge=1, description="batches the shadow loader keeps ready")
+    wait_warning_s: float = Field(
+        default=5.0, ge=0, description="a step waiting this long for data says why (console and metrics)"
+    )
 
 
 class CheckpointConfig(_Frozen):
@@ -158,6 +181,12 @@ class FaultConfig(_Frozen):
     nan_at_positions: tuple[int, ...] = Field(default=(), description="NaN loss on batches holding these")
     lineage_outage: bool = Field(
         default=False, description="the lineage writer finds the repository unreachable: records stay queued"
+    )
+    kill_loader_at_batches: tuple[int, ...] = Field(
+        default=(), description="SIGKILL the active loader process as the N-th batch is handed out (warm shadow)"
+    )
+    stop_loader_at_batches: tuple[int, ...] = Field(
+        default=(), description="SIGSTOP the active loader process (it stops answering) at the N-th batch"
     )
 
 

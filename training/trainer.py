@@ -46,11 +46,12 @@ from training.checkpoint import (
     remove_partial_saves,
 )
 from training.config import TrainConfig
-from training.data import Batch, Loader, ShardCache, describe_samples, open_dataset
+from training.data import Batch, ShardCache, describe_samples, open_streaming
 from training.distributed import DistContext, close_distributed, elastic_restart_count, init_distributed
 from training.errors import TrainingError
 from training.faults import FaultInjector
 from training.lineage import LineageWriter
+from training.loader_pool import make_loader
 from training.membudget import choose_micro_batch
 from training.metrics import (
     MetricsLog,
@@ -128,11 +129,15 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
         # the order matters: the model's initialisation draws from the RNG seeded here
-        self._build_data()
-        self._build_model()
-        self._build_loader()
-        self._build_evaluation()
-        self._build_checkpointing()
+        try:
+            self._build_data()
+            self._build_model()
+            self._build_loader()
+            self._build_evaluation()
+            self._build_checkpointing()
+        except BaseException:  # loader processes, fetch threads and the run lock must not outlive a failed start
+            self._close_failed_start()
+            raise
         self.metrics: MetricsLog | None = None
         self.samples_log = (
             open_jsonl_for_append(self.run_dir / f"samples-rank{dist.rank}-of-{dist.world_size}.jsonl")
@@ -140,25 +145,41 @@ class Trainer:
             else None
         )
 
+    def _close_failed_start(self) -> None:
+        if hasattr(self, "loader"):
+            self.loader.close()
+        if hasattr(self, "data"):
+            self.data.stream.close()
+        if self.run_lock:
+            self.run_lock.release()
+            self.run_lock = None
+
     # ---- builders ------------------------------------------------------------------------
 
     def _build_data(self) -> None:
-        """Bind to the data commit, refused when a rollback reverted it (unless allowed); fill and
-        verify the shard cache (one process per machine)."""
+        """Bind to the data commit, refused when a rollback reverted it (unless allowed); its shards
+        stream into the node's bounded cache as batches need them."""
         repo = open_repo(self.repo_spec, create=False)
         checked = self._check_data_commit(repo) if self.dist.is_main else None
         commit, self.reverted, refusal = self.dist.broadcast(checked)
         if refusal:  # every rank stops with the same sentence
             raise RevertedDataRefused(refusal)
-        self.binding, self.dataset = open_dataset(
+        data = self.cfg.data
+        self.cache = ShardCache(
+            self.cfg.cache_dir(), warn=self.say, max_bytes=data.cache_max_bytes, protect_steps=data.cache_protect_steps
+        )
+        self.data = open_streaming(
             repo,
             self.repo_spec,
             commit,
-            ShardCache(self.cfg.cache_dir(), warn=self.say),
-            self.cfg.data.heldout_fraction,
-            fetch=self.dist.local_rank == 0,
-            barrier=self.dist.barrier,
+            self.cache,
+            data.heldout_fraction,
+            lambda: open_repo(self.repo_spec, create=False),
+            workers=data.fetch_workers if data.loader == "thread" else 1,  # else only evaluation reads here
+            fetch_timeout_s=data.fetch_timeout_s,
+            warn=self.say,
         )
+        self.binding, self.dataset = self.data.binding, self.data.dataset
 
     def _check_data_commit(self, repo: DataRepo) -> tuple[str, Reverted | None, str]:
         """Rank 0: the data commit id, the verdict on it when training on it is allowed, or the refusal.
@@ -205,14 +226,17 @@ class Trainer:
     def _build_loader(self) -> None:
         """This rank's batches, and the spike detector that judges each step."""
         config = self.cfg
-        self.loader = Loader(
+        self.loader = make_loader(
+            config,
+            self.dist,
             self.dataset,
-            config.global_batch,
+            self.data.stream,
+            self.data.files,
+            self.binding.commit,
+            self.repo_spec,
             self.micro_batch,
-            self.dist.rank,
-            self.dist.world_size,
-            config.data.prefetch_batches,
-            pin_memory=self.device.type == "cuda",
+            notify=self._data_event,
+            warn=self.say,
         )
         stability = config.stability
         self.detector = SpikeDetector(stability.window, stability.zscore, stability.min_history)
@@ -226,6 +250,7 @@ class Trainer:
         if config.eval_every and len(self.eval_ids[0]) < config.global_batch:
             self.say("evaluation is off: fewer held-out sequences than one global batch")
             self.eval_ids = (self.eval_ids[0][:0], self.eval_ids[1][:0])
+        self.dataset.keep_rows(*self.eval_ids)  # read once: evaluating never waits on the cache
 
     def _build_checkpointing(self) -> None:
         """What a checkpoint holds (``states``), where it goes, and what is recorded about it."""
@@ -294,6 +319,12 @@ class Trainer:
     def say(self, message: str) -> None:
         if self.dist.is_main:
             print(f"[train {self.cfg.run}] {message}", flush=True)
+
+    def _data_event(self, record: dict[str, Any]) -> None:
+        """A loader's report (a step waiting for data, a loader taken over): said, and in the metrics."""
+        self.say(record["message"])
+        if self.metrics:
+            self.metrics.write({**record, "step": self.progress.step + 1, "time": time.time()})
 
     def _choose_micro_batch(self, vocab_size: int, seq_len: int) -> int:
         """``micro_batch``, or with ``perf.auto_micro_batch`` on CUDA the largest that fits (the
@@ -701,6 +732,9 @@ class Trainer:
         self.ddp = None
         self.model = self.raw_model
         self.loader.close()
+        self.data.stream.close()
+        if self.metrics:
+            self.metrics.write({"kind": "data", **self.loader.report(), "cache": self.cache.stats(), "time": time.time()})
         if self.samples_log:
             self.samples_log.close()
             self.samples_log = None

@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ class LakeFSDouble:
         self.requests: Counter[str] = Counter()  # operationId -> requests received
         self.violations: list[str] = []  # the double's faults: bad responses, unknown endpoints, crashes
         self.rejected: list[str] = []  # the client's faults: requests refused by the spec validator
+        # Tests: called with (operationId, query) of every routed request before its fault is drawn,
+        # so a test can start an outage at an event (a given object's read) instead of a time.
+        self.on_request: Callable[[str, dict[str, list[str]]], None] | None = None
         self._injector = FaultInjector(faults or FaultConfig())
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -112,6 +116,11 @@ class LakeFSDouble:
     def count(self, operation_id: str) -> None:
         with self._lock:
             self.requests[operation_id] += 1
+
+    def observe(self, operation_id: str, query: dict[str, list[str]]) -> None:
+        hook = self.on_request
+        if hook is not None:
+            hook(operation_id, query)
 
     def authorized(self, header: str | None) -> bool:
         if not header or not header.startswith("Basic "):
@@ -241,6 +250,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         op, raw_params = routed
         double.count(op.operation_id)
+        double.observe(op.operation_id, query)
         faults = double.faults
         if faults.latency_s:
             time.sleep(faults.latency_s)

@@ -36,13 +36,16 @@ class Dataset:
     commit: str
 
 
-def make_dataset(home: Path, branch: str = "main", seed: int = 0) -> Dataset:
+def make_dataset(
+    home: Path, branch: str = "main", seed: int = 0, sources: dict[str, int] = SOURCES, shards_per_source: int = 2
+) -> Dataset:
     repo_path = home / "repo"
     repo = LocalRepo(repo_path)
     repo.ensure()
     commit = publish_synthetic_dataset(
-        repo, branch, SOURCES, seq_len=32, vocab_size=256, total_samples=1200, seed=seed
-    )
+        repo, branch, sources, seq_len=32, vocab_size=256, total_samples=1200, seed=seed,
+        shards_per_source=shards_per_source,
+    )  # fmt: skip
     return Dataset(home, repo_path, commit)
 
 
