@@ -21,6 +21,7 @@ from prefect.transactions import BaseTransaction, get_transaction, transaction
 
 from flows.artifacts import SummaryLinks, stages_table, summary
 from flows.params import CurateParams, GateConfig, check_ready
+from flows.runners import partitions_on
 from flows.stage_runner import StageRunner
 from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish
 from formats import layout
@@ -47,7 +48,10 @@ def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
     run = StageRunner.start(params)
     preflight(params, run.repo_spec)
     head = open_branch(run.repo_spec, run.branch)
-    with rolled_back_on_failure(run.repo_spec, run.branch):  # main stays untouched
+    with (
+        rolled_back_on_failure(run.repo_spec, run.branch),  # main stays untouched
+        partitions_on(params.runner.spec, params.runner.workers, params.runner.memory_limit),
+    ):
         run.begin(head)
         ingested = run.run("ingest", ingest_task, params.ingest, input_commit=head)
         validated = run.run("validate", validate_task, params.validation, ingested.commit_id)

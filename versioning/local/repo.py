@@ -85,6 +85,15 @@ class LocalRepo:
     def __repr__(self) -> str:
         return f"LocalRepo({str(self.root)!r}, name={self.name!r})"
 
+    def __reduce__(self) -> tuple:
+        """Pickled as its directory, name and durability: a worker process opens it again
+        (its database connection never travels)."""
+        return (LocalRepo, (str(self.root), self.name), {"durable": self._objects.durable})
+
+    def __setstate__(self, state: dict) -> None:
+        if not state["durable"]:
+            self._objects = ObjectStore(self.root, durable=False)
+
     def __enter__(self) -> LocalRepo:
         return self
 
