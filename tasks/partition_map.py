@@ -56,7 +56,10 @@ def no_retry(exc: BaseException) -> bool:
 def with_retries(
     work: Callable[[], R], retries: int, what: str, backoff_seconds: float = RETRY_BASE_SECONDS
 ) -> R:
-    """``work()``, retried up to ``retries`` times with exponential backoff; a config error is not retried."""
+    """``work()``, retried up to ``retries`` times with exponential backoff; a config error is not
+    retried, and without retries an error is raised as it is."""
+    if retries == 0:
+        return work()
     for attempt in range(retries + 1):
         try:
             return work()
