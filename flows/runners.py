@@ -29,7 +29,11 @@ def task_runner(spec: str, workers: int = 1, memory_limit: str = "auto") -> Task
     """The Prefect task runner named by ``spec`` (``local``, ``dask`` or ``dask:<scheduler address>``)."""
     kind, _, address = spec.partition(":")
     if kind == "local" and not address:
-        return ThreadPoolTaskRunner(max_workers=1) if workers == 1 else ProcessPoolTaskRunner(max_workers=workers)
+        return (
+            ThreadPoolTaskRunner(max_workers=1)
+            if workers == 1
+            else ProcessPoolTaskRunner(max_workers=workers)
+        )
     if kind == "dask":
         from prefect_dask import DaskTaskRunner
 
@@ -43,7 +47,9 @@ def task_runner(spec: str, workers: int = 1, memory_limit: str = "auto") -> Task
             "dashboard_address": None,
         }
         return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=cluster)
-    raise ValueError(f"runner {spec!r} is not one of: local, dask, dask:<scheduler address such as tcp://host:8786>")
+    raise ValueError(
+        f"runner {spec!r} is not one of: local, dask, dask:<scheduler address such as tcp://host:8786>"
+    )
 
 
 @contextmanager

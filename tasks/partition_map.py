@@ -90,12 +90,12 @@ class InProcess:
             )
 
 
-_current: ContextVar[Any] = ContextVar("tokenlake_partition_map", default=InProcess())
+_current: ContextVar[Any] = ContextVar("tokenlake_partition_map", default=None)
 
 
 def partitions() -> PartitionMap:
     """The partition map in force: the flow's task runner inside a curate run, else this process."""
-    return _current.get()
+    return _current.get() or InProcess()
 
 
 @contextmanager

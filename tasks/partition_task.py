@@ -29,7 +29,12 @@ def retry_unless_config_error(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-@task(name="partition", cache_policy=NO_CACHE, persist_result=False, retry_condition_fn=retry_unless_config_error)
+@task(
+    name="partition",
+    cache_policy=NO_CACHE,
+    persist_result=False,
+    retry_condition_fn=retry_unless_config_error,
+)
 def partition_task(work: Callable[[Any], Any], item: Any) -> Any:
     """One partition of a stage: ``work(item)``, which writes to the repository and returns a small report."""
     return work(item)

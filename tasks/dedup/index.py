@@ -84,7 +84,9 @@ def published_runs(repo: DataRepo, ref: str, config: DedupConfig) -> list[Publis
         meta = json.loads(repo.get(ref, f"{folder}/run.json"))
         fmt = int(meta.get("format", 1))
         runs.append(
-            PublishedRun(folder, order, fmt, int(meta.get("buckets", 0)), (int(meta["bands"]), int(meta["rows"])))
+            PublishedRun(
+                folder, order, fmt, int(meta.get("buckets", 0)), (int(meta["bands"]), int(meta["rows"]))
+            )
         )
     return runs
 
@@ -104,11 +106,17 @@ def content_buckets(keys: np.ndarray, buckets: int) -> np.ndarray:
     return (first % np.uint64(buckets)).astype(np.int64)
 
 
-def _view(repo: DataRepo, ref: str, run: PublishedRun, view: str, bucket: int, buckets: int) -> pa.Table | None:
+def _view(
+    repo: DataRepo, ref: str, run: PublishedRun, view: str, bucket: int, buckets: int
+) -> pa.Table | None:
     """One view of one published run, restricted to ``bucket`` of ``buckets``."""
     columns = DOCUMENT_COLUMNS if view == "documents" else CONTENT_COLUMNS
     if run.format >= 2 and run.buckets == buckets:
-        paths = [p for p in list_parts(repo, ref, f"{run.folder}/{view}") if p == bucket_file(run.folder, view, bucket)]
+        paths = [
+            p
+            for p in list_parts(repo, ref, f"{run.folder}/{view}")
+            if p == bucket_file(run.folder, view, bucket)
+        ]
     else:  # another bucket count, or format 1: every file of the run, filtered by hash
         paths = list_parts(repo, ref, f"{run.folder}/{view}" if run.format >= 2 else run.folder)
     tables = [read_part(repo, ref, path, columns) for path in paths]
@@ -132,11 +140,17 @@ def published_documents(
     for run in runs:
         table = _view(repo, ref, run, "documents", bucket, buckets)
         if table is not None:
-            tables.append(table.append_column("_order", pa.array(np.full(table.num_rows, run.order, np.int64))))
+            tables.append(
+                table.append_column("_order", pa.array(np.full(table.num_rows, run.order, np.int64)))
+            )
     if not tables:
         return pa.table(
-            {"id": pa.array([], pa.string()), "source": pa.array([], pa.string()),
-             "content_key": pa.array([], pa.binary(16)), "quality": pa.array([], pa.float64())}
+            {
+                "id": pa.array([], pa.string()),
+                "source": pa.array([], pa.string()),
+                "content_key": pa.array([], pa.binary(16)),
+                "quality": pa.array([], pa.float64()),
+            }
         )
     table = pa.concat_tables(tables)
     table = table.append_column("_row", pa.array(np.arange(table.num_rows)))
@@ -162,7 +176,13 @@ def published_contents(
     if not tables:
         return pa.table({"content_key": pa.array([], pa.binary(16))}), np.zeros(0, bool)
     table = pa.concat_tables(tables)
-    keys = pa.chunked_array([chunk for column in usable for chunk in (column.chunks if isinstance(column, pa.ChunkedArray) else [column])])
+    keys = pa.chunked_array(
+        [
+            chunk
+            for column in usable
+            for chunk in (column.chunks if isinstance(column, pa.ChunkedArray) else [column])
+        ]
+    )
     table = table.append_column("band_keys", keys)
     return table, ~pc.is_null(table.column("band_keys")).to_numpy(zero_copy_only=False)
 
@@ -200,11 +220,21 @@ def load_published(repo: DataRepo, ref: str, config: DedupConfig) -> PublishedIn
     banding = next(iter(bandings)) if len(bandings) == 1 else None
     contents, _ = published_contents(repo, ref, runs, 0, 1, banding or (0, 0))
     content_keys = keys_from_arrow(contents.column("content_key"))
-    at = pc.index_in(docs.column("content_key"), value_set=contents.column("content_key")).to_numpy(zero_copy_only=False)
-    signature = contents.column("signature").combine_chunks().flatten().to_numpy().reshape(len(content_keys), -1)
+    at = pc.index_in(docs.column("content_key"), value_set=contents.column("content_key")).to_numpy(
+        zero_copy_only=False
+    )
+    signature = (
+        contents.column("signature").combine_chunks().flatten().to_numpy().reshape(len(content_keys), -1)
+    )
     band_keys = None
     if banding is not None:
-        band_keys = contents.column("band_keys").combine_chunks().flatten().to_numpy().reshape(len(content_keys), -1)[at]
+        band_keys = (
+            contents.column("band_keys")
+            .combine_chunks()
+            .flatten()
+            .to_numpy()
+            .reshape(len(content_keys), -1)[at]
+        )
     return PublishedIndex(
         ids=docs.column("id").to_numpy(zero_copy_only=False).astype(object),
         sources=docs.column("source").to_numpy(zero_copy_only=False).astype(object),

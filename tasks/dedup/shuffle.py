@@ -144,19 +144,42 @@ class Bucket:
         return f"b{self.bucket:05d}"
 
 
-ROWS = pa.schema([("id", pa.string()), ("source", pa.string()), ("content_key", KEY), ("quality", pa.float64()),
-                  ("part", pa.int32()), ("row", pa.int32())])
+ROWS = pa.schema(
+    [
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("content_key", KEY),
+        ("quality", pa.float64()),
+        ("part", pa.int32()),
+        ("row", pa.int32()),
+    ]
+)
 NEEDS = pa.schema([("content_key", KEY), ("part", pa.int32())])
 DOCS = pa.schema([*ROWS, ("published", pa.bool_())])
 PAIRS = pa.schema([("a", KEY), ("b", KEY)])
 EDGES = pa.schema([("a", KEY), ("b", KEY)])
 LABELS = pa.schema([("content_key", KEY), ("label", KEY)])
-PARTIALS = pa.schema([("label", KEY), ("id", pa.string()), ("published", pa.bool_()), ("quality", pa.float64()),
-                      ("count", pa.int64())])
+PARTIALS = pa.schema(
+    [
+        ("label", KEY),
+        ("id", pa.string()),
+        ("published", pa.bool_()),
+        ("quality", pa.float64()),
+        ("count", pa.int64()),
+    ]
+)
 REPRESENTATIVES = pa.schema([("content_key", KEY), ("representative", pa.string()), ("size", pa.int64())])
-DECISIONS = pa.schema([("row", pa.int32()), ("dup_cluster", pa.string()), ("cluster_size", pa.int64()),
-                       ("weight", pa.float64()), ("removed", pa.bool_()), ("reason", pa.string()),
-                       ("duplicate_of", pa.string())])
+DECISIONS = pa.schema(
+    [
+        ("row", pa.int32()),
+        ("dup_cluster", pa.string()),
+        ("cluster_size", pa.int64()),
+        ("weight", pa.float64()),
+        ("removed", pa.bool_()),
+        ("reason", pa.string()),
+        ("duplicate_of", pa.string()),
+    ]
+)
 
 
 def signature_schema(num_perm: int) -> pa.Schema:
@@ -181,7 +204,9 @@ def _read_input(part: Part) -> pa.Table:
     table = read_part(part.run.repo, part.run.input_commit, part.path)
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
-        raise ValueError(f"an input part lacks column(s) {', '.join(missing)}; dedup reads the filtered stage")
+        raise ValueError(
+            f"an input part lacks column(s) {', '.join(missing)}; dedup reads the filtered stage"
+        )
     return table
 
 
@@ -199,14 +224,21 @@ def keys_step(part: Part) -> dict[str, int]:
     keys = _keys(table.column("text").combine_chunks(), run.config.batch_bytes)
     quality = _quality(table, run.config.quality_column)
     rows = pa.table(
-        [table.column("id").cast(pa.string()), table.column("source").cast(pa.string()), keys_to_arrow(keys),
-         pa.array(np.where(np.isfinite(quality), quality, -np.inf)),
-         pa.array(np.full(table.num_rows, part.index, np.int32)), pa.array(np.arange(table.num_rows, dtype=np.int32))],
+        [
+            table.column("id").cast(pa.string()),
+            table.column("source").cast(pa.string()),
+            keys_to_arrow(keys),
+            pa.array(np.where(np.isfinite(quality), quality, -np.inf)),
+            pa.array(np.full(table.num_rows, part.index, np.int32)),
+            pa.array(np.arange(table.num_rows, dtype=np.int32)),
+        ],
         schema=ROWS,
     )
     run.scatter("rows", rows, id_buckets(rows.column("id"), run.buckets), part.producer)
     distinct = np.unique(keys)
-    needs = pa.table([keys_to_arrow(distinct), pa.array(np.full(len(distinct), part.index, np.int32))], schema=NEEDS)
+    needs = pa.table(
+        [keys_to_arrow(distinct), pa.array(np.full(len(distinct), part.index, np.int32))], schema=NEEDS
+    )
     run.scatter("needs", needs, content_buckets(distinct, run.buckets), part.producer)
     return {"documents": table.num_rows}
 
@@ -218,9 +250,13 @@ def needs_step(bucket: Bucket) -> dict[str, int]:
     published, _ = published_contents(
         run.repo, run.input_commit, list(run.published), bucket.bucket, run.buckets, run.config.banding
     )
-    new = needs.filter(pc.invert(pc.is_in(needs.column("content_key"), value_set=published.column("content_key"))))
+    new = needs.filter(
+        pc.invert(pc.is_in(needs.column("content_key"), value_set=published.column("content_key")))
+    )
     grouped = new.group_by("content_key", use_threads=False).aggregate([("part", "min")])
-    first = pa.table({"content_key": grouped.column("content_key"), "part": grouped.column("part_min")}, schema=NEEDS)
+    first = pa.table(
+        {"content_key": grouped.column("content_key"), "part": grouped.column("part_min")}, schema=NEEDS
+    )
     run.scatter("assigned", first, first.column("part").to_numpy().astype(np.int64), bucket.producer)
     return {"contents_hashed": first.num_rows}
 
@@ -245,7 +281,9 @@ def signatures_step(part: Part) -> dict[str, int]:
         chunks.append(signatures(hashes, offsets, config.num_perm, config.seed))
     if chunks:
         signature = np.concatenate(chunks)
-    sigs = pa.table([keys_to_arrow(keys[rows]), _signature_array(signature)], schema=signature_schema(config.num_perm))
+    sigs = pa.table(
+        [keys_to_arrow(keys[rows]), _signature_array(signature)], schema=signature_schema(config.num_perm)
+    )
     run.scatter("signatures", sigs, content_buckets(keys[rows], run.buckets), part.producer)
     return {"shingled_bytes": int(pc.sum(pc.binary_length(batch)).as_py() or 0)}
 
@@ -257,30 +295,50 @@ def resolve_step(bucket: Bucket) -> dict[str, int]:
     run = bucket.run
     rows = run.read(run.at("rows", bucket.bucket), ROWS)
     latest = published_documents(run.repo, run.input_commit, list(run.published), bucket.bucket, run.buckets)
-    matched = pc.fill_null(pc.index_in(rows.column("id"), value_set=latest.column("id")), -1).to_numpy(zero_copy_only=False)
+    matched = pc.fill_null(pc.index_in(rows.column("id"), value_set=latest.column("id")), -1).to_numpy(
+        zero_copy_only=False
+    )
     published = np.zeros(rows.num_rows, bool)
     hit = np.flatnonzero(matched >= 0)
     if len(hit):
-        published[hit] = keys_from_arrow(latest.column("content_key"))[matched[hit]] == keys_from_arrow(
-            rows.column("content_key")
-        )[hit]
+        published[hit] = (
+            keys_from_arrow(latest.column("content_key"))[matched[hit]]
+            == keys_from_arrow(rows.column("content_key"))[hit]
+        )
     only = latest.filter(pc.invert(pc.is_in(latest.column("id"), value_set=rows.column("id"))))
     quality = only.column("quality").to_numpy(zero_copy_only=False).astype(np.float64)
     only_docs = pa.table(
-        [only.column("id"), only.column("source"), only.column("content_key"),
-         pa.array(np.where(np.isfinite(quality), quality, -np.inf)),
-         pa.array(np.full(only.num_rows, -1, np.int32)), pa.array(np.full(only.num_rows, -1, np.int32)),
-         pa.array(np.ones(only.num_rows, bool))],
+        [
+            only.column("id"),
+            only.column("source"),
+            only.column("content_key"),
+            pa.array(np.where(np.isfinite(quality), quality, -np.inf)),
+            pa.array(np.full(only.num_rows, -1, np.int32)),
+            pa.array(np.full(only.num_rows, -1, np.int32)),
+            pa.array(np.ones(only.num_rows, bool)),
+        ],
         schema=DOCS,
     )
     docs = pa.concat_tables([rows.append_column("published", pa.array(published)), only_docs])
-    run.scatter("docs", docs, content_buckets(keys_from_arrow(docs.column("content_key")), run.buckets), bucket.producer)
+    run.scatter(
+        "docs",
+        docs,
+        content_buckets(keys_from_arrow(docs.column("content_key")), run.buckets),
+        bucket.producer,
+    )
     fresh = rows.filter(pa.array(~published)).sort_by([("part", "ascending"), ("row", "ascending")])
     if fresh.num_rows:
-        put_table(run.repo, run.branch, bucket_file(run.index_run, "documents", bucket.bucket),
-                  fresh.select(["id", "source", "content_key", "quality"]))
-    return {"published_documents": latest.num_rows, "published_in_input": int(published.sum()),
-            "index_entries_written": fresh.num_rows}
+        put_table(
+            run.repo,
+            run.branch,
+            bucket_file(run.index_run, "documents", bucket.bucket),
+            fresh.select(["id", "source", "content_key", "quality"]),
+        )
+    return {
+        "published_documents": latest.num_rows,
+        "published_in_input": int(published.sum()),
+        "index_entries_written": fresh.num_rows,
+    }
 
 
 def contents_step(bucket: Bucket) -> dict[str, int]:
@@ -298,7 +356,9 @@ def contents_step(bucket: Bucket) -> dict[str, int]:
     stored = np.zeros(len(live), bool)
     if published.num_rows:
         at = np.searchsorted(live, keys_from_arrow(published.column("content_key")))
-        hit = (at < len(live)) & (live[np.minimum(at, len(live) - 1)] == keys_from_arrow(published.column("content_key")))
+        hit = (at < len(live)) & (
+            live[np.minimum(at, len(live) - 1)] == keys_from_arrow(published.column("content_key"))
+        )
         signature[at[hit]] = _matrix(published.column("signature"), config.num_perm)[hit]
         found[at[hit]] = True
         with_keys = hit & usable
@@ -314,25 +374,48 @@ def contents_step(bucket: Bucket) -> dict[str, int]:
     else:
         fresh = np.zeros(len(live), bool)
     if not found.all():
-        raise AssertionError(f"dedup bucket {bucket.bucket}: {int((~found).sum())} contents have no signature")
+        raise AssertionError(
+            f"dedup bucket {bucket.bucket}: {int((~found).sum())} contents have no signature"
+        )
     keys[~stored] = band_keys(signature[~stored], bands, rows_per_band)
     if fresh.any():
-        put_table(run.repo, run.branch, bucket_file(run.index_run, "contents", bucket.bucket), pa.table(
-            {"content_key": keys_to_arrow(live[fresh]), "signature": _signature_array(signature[fresh]),
-             "band_keys": pa.FixedSizeListArray.from_arrays(pa.array(keys[fresh].reshape(-1), pa.uint64()), bands)}
-        ))
+        put_table(
+            run.repo,
+            run.branch,
+            bucket_file(run.index_run, "contents", bucket.bucket),
+            pa.table(
+                {
+                    "content_key": keys_to_arrow(live[fresh]),
+                    "signature": _signature_array(signature[fresh]),
+                    "band_keys": pa.FixedSizeListArray.from_arrays(
+                        pa.array(keys[fresh].reshape(-1), pa.uint64()), bands
+                    ),
+                }
+            ),
+        )
     eligible = ~np.all(signature == EMPTY_SLOT, axis=1)  # no shingles: exact matches only
-    run.put(run.at("live", bucket.bucket, "signatures"),
-            pa.table([keys_to_arrow(live[eligible]), _signature_array(signature[eligible])],
-                     schema=signature_schema(config.num_perm)))
+    run.put(
+        run.at("live", bucket.bucket, "signatures"),
+        pa.table(
+            [keys_to_arrow(live[eligible]), _signature_array(signature[eligible])],
+            schema=signature_schema(config.num_perm),
+        ),
+    )
     n = int(eligible.sum())
     records = pa.table(
-        [pa.array(np.repeat(np.arange(bands, dtype=np.int32)[None, :], n, axis=0).reshape(-1)),
-         pa.array(keys[eligible].reshape(-1)), keys_to_arrow(np.repeat(live[eligible], bands))],
+        [
+            pa.array(np.repeat(np.arange(bands, dtype=np.int32)[None, :], n, axis=0).reshape(-1)),
+            pa.array(keys[eligible].reshape(-1)),
+            keys_to_arrow(np.repeat(live[eligible], bands)),
+        ],
         schema=band_schema(),
     )
-    run.scatter("bands", records, (records.column("key").to_numpy() % np.uint64(run.buckets)).astype(np.int64),
-                bucket.producer)
+    run.scatter(
+        "bands",
+        records,
+        (records.column("key").to_numpy() % np.uint64(run.buckets)).astype(np.int64),
+        bucket.producer,
+    )
     return {"contents": len(live), "band_keys_reused": int(stored.sum())}
 
 
@@ -358,16 +441,22 @@ def pairs_step(bucket: Bucket) -> dict[str, int]:
     if not left:
         return {}
     a, b = _split(np.unique(np.concatenate([_pair_codes(x, y) for x, y in zip(left, right, strict=True)])))
-    run.scatter("pairs", pa.table([keys_to_arrow(a), keys_to_arrow(b)], schema=PAIRS),
-                content_buckets(a, run.buckets), bucket.producer)
+    run.scatter(
+        "pairs",
+        pa.table([keys_to_arrow(a), keys_to_arrow(b)], schema=PAIRS),
+        content_buckets(a, run.buckets),
+        bucket.producer,
+    )
     return {}
 
 
 def _split(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """32-byte pair codes back into their two 16-byte content keys."""
     raw = np.frombuffer(codes.tobytes(), np.uint8).reshape(len(codes), 32)
-    return (np.ascontiguousarray(raw[:, :16]).view("S16").reshape(-1),
-            np.ascontiguousarray(raw[:, 16:]).view("S16").reshape(-1))
+    return (
+        np.ascontiguousarray(raw[:, :16]).view("S16").reshape(-1),
+        np.ascontiguousarray(raw[:, 16:]).view("S16").reshape(-1),
+    )
 
 
 def _pair_codes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -389,10 +478,14 @@ def attach_step(bucket: Bucket) -> dict[str, int]:
     pairs = run.read(run.at("pairs", bucket.bucket), PAIRS)
     if pairs.num_rows == 0:
         return {"candidate_pairs": 0}
-    a, b = _split(np.unique(_pair_codes(keys_from_arrow(pairs.column("a")), keys_from_arrow(pairs.column("b")))))
+    a, b = _split(
+        np.unique(_pair_codes(keys_from_arrow(pairs.column("a")), keys_from_arrow(pairs.column("b"))))
+    )
     live, signature = _live_signatures(run, bucket.bucket)
-    half = pa.table([keys_to_arrow(a), keys_to_arrow(b), _signature_array(signature[np.searchsorted(live, a)])],
-                    names=["a", "b", "signature_a"])
+    half = pa.table(
+        [keys_to_arrow(a), keys_to_arrow(b), _signature_array(signature[np.searchsorted(live, a)])],
+        names=["a", "b", "signature_a"],
+    )
     run.scatter("halves", half, content_buckets(b, run.buckets), bucket.producer)
     return {"candidate_pairs": len(a)}
 
@@ -464,11 +557,19 @@ def partials_step(bucket: Bucket) -> dict[str, int]:
     published = docs.column("published").to_numpy(zero_copy_only=False)
     best = np.unique(_best_of_group(group, _preference(docs.column("id"), quality, published)))
     counts = np.bincount(group)
-    run.put(run.at("partials", 0, bucket.producer), pa.table(
-        [keys_to_arrow(label[best]), docs.column("id").take(pa.array(best)), pa.array(published[best]),
-         pa.array(quality[best]), pa.array(counts[group[best]].astype(np.int64))],
-        schema=PARTIALS,
-    ))
+    run.put(
+        run.at("partials", 0, bucket.producer),
+        pa.table(
+            [
+                keys_to_arrow(label[best]),
+                docs.column("id").take(pa.array(best)),
+                pa.array(published[best]),
+                pa.array(quality[best]),
+                pa.array(counts[group[best]].astype(np.int64)),
+            ],
+            schema=PARTIALS,
+        ),
+    )
     return {}
 
 
@@ -485,16 +586,25 @@ def representatives_step(run: ShuffleRun) -> dict[str, int]:
     best = _best_of_group(group, _preference(partials.column("id"), quality, published))
     size = np.bincount(group, weights=partials.column("count").to_numpy()).astype(np.int64)
     first = np.unique(best)
-    rep_of_name = dict(zip(label[first].tolist(), partials.column("id").take(pa.array(first)).to_pylist(), strict=True))
+    rep_of_name = dict(
+        zip(label[first].tolist(), partials.column("id").take(pa.array(first)).to_pylist(), strict=True)
+    )
     size_of_name = dict(zip(names.tolist(), size.tolist(), strict=True))
     content_label = keys_from_arrow(labels.column("label")).tolist()
     representatives = pa.table(
-        [labels.column("content_key"), pa.array([rep_of_name[x] for x in content_label], pa.string()),
-         pa.array([size_of_name[x] for x in content_label], pa.int64())],
+        [
+            labels.column("content_key"),
+            pa.array([rep_of_name[x] for x in content_label], pa.string()),
+            pa.array([size_of_name[x] for x in content_label], pa.int64()),
+        ],
         schema=REPRESENTATIVES,
     )
-    run.scatter("representatives", representatives,
-                content_buckets(keys_from_arrow(labels.column("content_key")), run.buckets), "all")
+    run.scatter(
+        "representatives",
+        representatives,
+        content_buckets(keys_from_arrow(labels.column("content_key")), run.buckets),
+        "all",
+    )
     return {"linked_clusters": len(names)}
 
 
@@ -516,7 +626,9 @@ def decide_step(bucket: Bucket) -> dict[str, int]:
     linked = np.zeros(len(contents), bool)
     if reps.num_rows:
         at = np.searchsorted(contents, keys_from_arrow(reps.column("content_key")))
-        hit = (at < len(contents)) & (contents[np.minimum(at, len(contents) - 1)] == keys_from_arrow(reps.column("content_key")))
+        hit = (at < len(contents)) & (
+            contents[np.minimum(at, len(contents) - 1)] == keys_from_arrow(reps.column("content_key"))
+        )
         rep_name = np.empty(len(contents), object)
         rep_size = np.zeros(len(contents), np.int64)
         rep_name[at[hit]] = np.array(reps.column("representative").to_pylist(), object)[hit]
@@ -534,11 +646,17 @@ def decide_step(bucket: Bucket) -> dict[str, int]:
     reason = np.where(survivor, None, np.where(exact, EXACT, NEAR)).astype(object)
     duplicate_of = np.where(exact, id_values[best_with_text[inputs]], representative[inputs])
     cluster_size = size[inputs].astype(np.int64)
-    weight = cluster_size ** -config.soft_weight_exponent if config.mode == "soft" else np.ones(len(inputs))
+    weight = cluster_size**-config.soft_weight_exponent if config.mode == "soft" else np.ones(len(inputs))
     decisions = pa.table(
-        [docs.column("row").take(pa.array(inputs)), pa.array(representative[inputs], pa.string()),
-         pa.array(cluster_size), pa.array(weight.astype(np.float64)), pa.array(~survivor),
-         pa.array(reason, pa.string()), pa.array(np.where(survivor, None, duplicate_of).astype(object), pa.string())],
+        [
+            docs.column("row").take(pa.array(inputs)),
+            pa.array(representative[inputs], pa.string()),
+            pa.array(cluster_size),
+            pa.array(weight.astype(np.float64)),
+            pa.array(~survivor),
+            pa.array(reason, pa.string()),
+            pa.array(np.where(survivor, None, duplicate_of).astype(object), pa.string()),
+        ],
         schema=DECISIONS,
     )
     part = docs.column("part").to_numpy()[inputs].astype(np.int64)
@@ -603,7 +721,7 @@ def plan_in_buckets(run: ShuffleRun, parts: list[Part]) -> ShuffleStats:
     stats.step("partials", partials_step, buckets)
     stats.step("representatives", representatives_step, [run])
     stats.step("decide", decide_step, buckets)
-    stats.numbers["clusters_with_duplicates"] = (
-        stats.numbers.get("clusters_with_duplicates", 0) + stats.numbers.pop("linked_clusters", 0)
-    )
+    stats.numbers["clusters_with_duplicates"] = stats.numbers.get(
+        "clusters_with_duplicates", 0
+    ) + stats.numbers.pop("linked_clusters", 0)
     return stats

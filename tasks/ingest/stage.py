@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
-
 from dataclasses import dataclass
+
+import pyarrow as pa
 
 from formats import layout
 from tasks.gates import DocumentSample

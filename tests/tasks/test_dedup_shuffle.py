@@ -115,4 +115,6 @@ def test_incremental_runs_match_the_in_memory_plan_against_the_published_index(t
         assert removed == expected_removed
         extra = result.report["extra"]
         assert extra["published_in_input"] == sum(1 for k in range(len(texts)) if k % 9)
-        assert extra["index_entries_written"] == v2_web.num_rows + v2_new.num_rows - extra["published_in_input"]
+        assert (
+            extra["index_entries_written"] == v2_web.num_rows + v2_new.num_rows - extra["published_in_input"]
+        )
