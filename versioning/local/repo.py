@@ -75,8 +75,13 @@ _GO_SPACE = re.compile(r"[\t\n\f\r ]")
 class LocalRepo:
     """A DataRepo in a local directory, safe for many threads and processes at once."""
 
-    def __init__(self, root: Path | str, name: str | None = None, *, durable: bool = True):
-        """``durable=False`` skips fsync: still safe against a killed process, not a power loss."""
+    def __init__(
+        self, root: Path | str, name: str | None = None, *, durable: bool = True, object_hash: str | None = None
+    ):
+        """``durable=False`` skips fsync: still safe against a killed process, not a power loss.
+        ``object_hash`` names the objects of a repository that ``ensure()`` creates (default
+        :data:`~versioning.local.objects.NEW_REPOSITORY_HASH`); an existing one keeps its own."""
+        self._new_object_hash = object_hash or NEW_REPOSITORY_HASH
         self.root = Path(root).expanduser().resolve()
         self.name = validate_repo_name(name) if name is not None else _name_from_directory(self.root)
         self._db = Database(self.root / "repo.db")
@@ -136,7 +141,7 @@ class LocalRepo:
                 conn.execute("INSERT INTO branches(name, head) VALUES (?, ?)", (default_branch, row.id))
                 conn.execute("INSERT INTO meta(key, value) VALUES ('default_branch', ?)", (default_branch,))
                 conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('name', ?)", (self.name,))
-                conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('object_hash', ?)", (NEW_REPOSITORY_HASH,))
+                conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('object_hash', ?)", (self._new_object_hash,))
         self._store = None  # the object hash is recorded now
         try:
             self._objects.create()
