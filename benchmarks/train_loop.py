@@ -125,8 +125,11 @@ def sync_save_ms(run_dir: Path, scratch: Path) -> float:
     """The same checkpoint saved synchronously: the stall an asynchronous save hides."""
     info = newest_valid(run_dir / "checkpoints")
     payload = load_payload(info, ("model.pt", "optim.pt", "state.pt"))
-    return 1000 * CheckpointManager(scratch, keep_last=1, async_save=False).save(
-        info.step, payload, info.meta
+    return (
+        1000
+        * CheckpointManager(scratch, keep_last=1, async_save=False)
+        .save(info.step, payload, info.meta)
+        .stall_s
     )
 
 

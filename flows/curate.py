@@ -11,6 +11,9 @@ stages are reused exactly (:mod:`flows.stage_runner`).
 
 from __future__ import annotations
 
+import logging
+import random
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,7 +35,7 @@ from tasks.shard.task import shard_task
 from tasks.stage import StageResult, config_hash
 from tasks.stage_task import IO_RETRIES
 from tasks.validate.task import validate_task
-from versioning import NotFound, data_home, open_repo, validate_path
+from versioning import NotFound, TransientError, data_home, open_repo, validate_path
 
 
 class PublishRefused(RuntimeError):
@@ -89,10 +92,23 @@ def guard_branch(repo_spec: str, branch: str) -> None:
 
 @guard_branch.on_rollback
 def _delete_run_branch(txn: Any) -> None:
-    try:
-        open_repo(txn.get("repo_spec"), create=False).delete_branch(txn.get("branch"))
-    except NotFound:
-        pass
+    """Delete the run branch, retried as IO tasks are: what failed the run may be lakeFS being
+    down, and the delete then needs it back. If it never comes back, the janitor removes the
+    branch of this failed run later."""
+    branch = txn.get("branch")
+    for delay in [*IO_RETRIES["retry_delay_seconds"], None]:
+        try:
+            open_repo(txn.get("repo_spec"), create=False).delete_branch(branch)
+            return
+        except NotFound:
+            return
+        except TransientError as exc:
+            if delay is None:
+                logging.getLogger(__name__).warning(
+                    "curate: run branch %s is left (%s); `tokenlake janitor` removes it", branch, exc
+                )
+                return
+            time.sleep(delay * (1 + random.uniform(0, IO_RETRIES["retry_jitter_factor"])))
 
 
 @contextmanager

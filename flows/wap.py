@@ -6,6 +6,9 @@
 * Publishing merges the run's last commit into ``main`` and tags the merge commit
   ``ds-<YYYYMMDD>-<n>``. The merge commit's metadata records the stage chain (stage, cache
   key, commit), so a later run can tell which stage outputs ``main`` already holds.
+* A run branch is published only while ``main`` has not moved since the run branched (its
+  head is an ancestor of the run's head): otherwise :class:`MainMoved` names what moved it
+  (another run's publish, a rollback) and nothing is merged.
 * Publishing holds a lock: the branch ``lock-publish``, whose creation is atomic in both
   adapters, and whose one commit names the holder. A rollback (``flows/rollback.py``) must
   refuse while :func:`publish_in_progress` returns a holder.
@@ -34,6 +37,10 @@ PUBLISH_STAGE = "publish"
 
 class PublishBusy(RuntimeError):
     """Another publish holds the lock."""
+
+
+class MainMoved(RuntimeError):
+    """``main`` moved (another publish, a rollback) after the run branched from it."""
 
 
 def run_branch(flow_run_id: str) -> str:
@@ -203,6 +210,13 @@ def publish(
         main_head = repo.resolve(MAIN)
         if not repo.diff(main_head, run_head):
             return _already_on_main(repo, main_head)
+        if not repo.is_ancestor(main_head, run_head):
+            # The gates checked the run branch as it is; merging it into a main that has moved
+            # would publish a mixture of two versions that nobody checked together.
+            raise MainMoved(
+                f"main moved while this run was curating: {_describe(repo, main_head)}; nothing was merged, "
+                "run curate again to build on it"
+            )
         tag = next_tag(repo)
         metadata = {
             "stage": PUBLISH_STAGE,
@@ -221,6 +235,18 @@ def publish(
             return _already_on_main(repo, repo.resolve(MAIN))
         repo.create_tag(tag, merged)
         return PublishedVersion(tag, merged, new=True)
+
+
+def _describe(repo: DataRepo, commit_id: str) -> str:
+    """What made ``commit_id``, in words a user can look up."""
+    commit = repo.get_commit(commit_id)
+    record = PublishRecord.from_commit(commit)
+    if record is not None:
+        return f"flow run {record.flow_run_id} published {record.tag} (commit {commit_id[:12]})"
+    meta = commit.metadata
+    if meta.get("rollback"):
+        return f"flow run {meta.get('flow_run_id', 'unknown')} rolled it back ({meta['rollback']}, commit {commit_id[:12]})"
+    return f"commit {commit_id[:12]} ({commit.message})"
 
 
 def stage_gates(repo: DataRepo, chain: list[ChainLink]) -> dict[str, str]:

@@ -25,6 +25,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from typing import Any
 import torch
 
 from training.errors import TrainingError
+from training.staging import HostStaging, StagedState
+from versioning.diskspace import disk_full_message, is_disk_full
 
 FORMAT_VERSION = 1
 COMPLETE = "COMPLETE"
@@ -62,11 +65,16 @@ class _HashingWriter:
         self.file = file
         self.digest = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None  # torch.save reports a failed write as a bare RuntimeError
 
     def write(self, data) -> int:
         self.digest.update(data)
         self.size += len(data) if isinstance(data, bytes) else memoryview(data).nbytes
-        return self.file.write(data)
+        try:
+            return self.file.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
 
     def flush(self) -> None:
         self.file.flush()
@@ -75,7 +83,12 @@ class _HashingWriter:
 def _write_file(path: Path, write: Callable[[_HashingWriter], None]) -> dict[str, Any]:
     with path.open("wb") as f:
         writer = _HashingWriter(f)
-        write(writer)
+        try:
+            write(writer)
+        except Exception:
+            if writer.error is not None:
+                raise writer.error from None  # the OSError itself (a full disk, say), not torch's wrapper
+            raise
         f.flush()
         os.fsync(f.fileno())
     return {"sha256": writer.digest.hexdigest(), "bytes": writer.size}
@@ -105,10 +118,46 @@ def write_checkpoint(
     final = directory / step_dir_name(step)
     tmp = directory / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        return _write_into(directory, final, tmp, step, tensors, meta, before_complete)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays, trusted or not
+        raise CheckpointError(
+            disk_full_message(f"checkpoint step {step} to", directory, payload_bytes(tensors))
+        ) from None
+
+
+def payload_bytes(tensors: dict[str, Any]) -> int:
+    """The bytes of every tensor in ``tensors``: about what a checkpoint of them takes on disk."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors.untyped_storage().nbytes()
+    if isinstance(tensors, dict):
+        return sum(payload_bytes(v) for v in tensors.values())
+    if isinstance(tensors, list | tuple):
+        return sum(payload_bytes(v) for v in tensors)
+    return 0
+
+
+def _write_into(
+    directory: Path,
+    final: Path,
+    tmp: Path,
+    step: int,
+    tensors: dict[str, Any],
+    meta: dict[str, Any],
+    before_complete: Callable[[], None] | None,
+) -> Path:
     tmp.mkdir()
-    files = {
-        name: _write_file(tmp / name, lambda w, obj=obj: torch.save(obj, w)) for name, obj in tensors.items()
-    }
+    # One thread per payload file: hashing and writing release the GIL, so the optimizer state
+    # (the largest file) no longer waits for the model's to finish.
+    with ThreadPoolExecutor(max_workers=max(1, len(tensors)), thread_name_prefix="ckpt-file") as pool:
+        pending = {
+            name: pool.submit(_write_file, tmp / name, lambda w, obj=obj: torch.save(obj, w))
+            for name, obj in tensors.items()
+        }
+        files = {name: future.result() for name, future in pending.items()}
     meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
     files[META] = _write_file(tmp / META, lambda w: w.write(meta_bytes))
     if before_complete is not None:
@@ -215,19 +264,25 @@ def remove_partial_saves(directory: Path) -> list[Path]:
     return removed
 
 
-def _cpu_copy(obj: Any) -> Any:
-    """A deep copy with every tensor cloned to CPU, so training can go on mutating the originals."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_cpu_copy(v) for v in obj)
-    return obj
+@dataclass(frozen=True)
+class SaveTiming:
+    """What one save cost the training thread."""
+
+    stall_s: float  # blocked in save() altogether
+    waited_s: float  # of which: waiting for the previous save to finish writing (it owned the buffers)
+    waited_for_step: int | None  # the step of that previous save, when it was still being written
+    staged_bytes: int  # copied into the host buffers (0: written synchronously, or already copied)
 
 
 class CheckpointManager:
     """Saves (optionally on a background thread), then prunes to keep-last-k plus milestones.
+
+    An asynchronous save stages the state into host buffers (:class:`training.staging.HostStaging`:
+    pinned memory and a side stream on CUDA, plain memory on the CPU) and returns; a
+    background thread waits for the copy, then serialises, hashes and fsyncs. Those buffers
+    belong to one save at a time, so a save first waits for the previous one to be written;
+    that wait is part of the stall and is reported on its own (:class:`SaveTiming`), so a
+    checkpoint schedule faster than the disk shows up instead of going unnoticed.
 
     ``on_saved(info)`` runs after each checkpoint is complete (the trainer writes lineage
     there). One save is in flight at most: the next save, a rollback and the end of the
@@ -241,13 +296,16 @@ class CheckpointManager:
         milestone_every: int = 0,
         async_save: bool = True,
         on_saved: Callable[[CheckpointInfo], None] | None = None,
+        device: torch.device | None = None,
     ):
         self.directory = directory
         self.keep_last = keep_last
         self.milestone_every = milestone_every
         self.async_save = async_save
         self.on_saved = on_saved
+        self.staging = HostStaging(device or torch.device("cpu"))
         self._thread: threading.Thread | None = None
+        self._thread_step: int | None = None
         self._error: BaseException | None = None
 
     def is_milestone(self, step: int) -> bool:
@@ -260,26 +318,39 @@ class CheckpointManager:
         meta: dict[str, Any],
         before_complete: Callable[[], None] | None = None,
         copied: bool = False,
-    ) -> float:
-        """Save a checkpoint; returns the seconds the caller was blocked (the checkpoint stall).
+    ) -> SaveTiming:
+        """Save a checkpoint; returns what it cost the caller (the checkpoint stall).
 
-        ``copied`` says no tensor in ``tensors`` is still used by training (state dicts already
-        offloaded from a GPU), so an asynchronous save need not copy them again."""
+        ``copied`` says no tensor in ``tensors`` is still used by training (a full state dict
+        FSDP already gathered into fresh CPU memory), so an asynchronous save need not stage it."""
         started = time.perf_counter()
+        still_writing = self._thread_step if self._thread is not None and self._thread.is_alive() else None
         self.wait()
+        waited = time.perf_counter() - started
         meta = copy.deepcopy({**meta, "milestone": self.is_milestone(step)})  # training goes on changing it
         if not self.async_save:
             self._write(step, tensors, meta, before_complete)
-            return time.perf_counter() - started
-        staged = tensors if copied else _cpu_copy(tensors)
+            return SaveTiming(time.perf_counter() - started, waited, still_writing, 0)
+        staged = StagedState(tensors, 0) if copied else self.staging.stage(tensors)
         self._thread = threading.Thread(
             target=self._write_in_background,
             args=(step, staged, meta, before_complete),
             name=f"checkpoint-{step}",
             daemon=False,  # the interpreter waits for a save in flight before exiting
         )
+        self._thread_step = step
         self._thread.start()
-        return time.perf_counter() - started
+        return SaveTiming(time.perf_counter() - started, waited, still_writing, staged.nbytes)
+
+    def fence(self) -> None:
+        """Call before the state is changed in place (the optimizer step): on CUDA the compute
+        stream then waits for a staging copy still reading it; elsewhere a no-op."""
+        self.staging.fence()
+
+    def close(self) -> None:
+        """Finish the save in flight, then give the staging buffers back (a run's end)."""
+        self.wait()
+        self.staging.release()
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -289,9 +360,10 @@ class CheckpointManager:
             error, self._error = self._error, None
             raise CheckpointError(f"a background checkpoint save failed: {error}") from error
 
-    def _write_in_background(self, *args: Any) -> None:
+    def _write_in_background(self, step: int, staged: StagedState, meta, before_complete) -> None:
         try:
-            self._write(*args)
+            staged.wait()
+            self._write(step, staged.tree, meta, before_complete)
         except BaseException as exc:  # re-raised on the training thread by wait()
             self._error = exc
 
@@ -308,6 +380,10 @@ class CheckpointManager:
         removed = []
         for c in checkpoints:
             if c.step not in keep and not c.meta.get("milestone"):
-                shutil.rmtree(c.path, ignore_errors=True)
+                # renamed first, so a crash half-way through the delete leaves a .trash-* directory
+                # (swept at the next start), never a step-* directory with files missing
+                trash = self.directory / f".trash-{c.path.name}-{os.getpid()}"
+                os.rename(c.path, trash)
+                shutil.rmtree(trash, ignore_errors=True)
                 removed.append(c.path)
         return removed

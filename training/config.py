@@ -18,9 +18,11 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
     "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64},  # tests and CPU demos
     "small": {"n_layer": 6, "n_head": 6, "n_embd": 384},  # a laptop-sized model
     "gpt2-124m": {"n_layer": 12, "n_head": 12, "n_embd": 768},
-    "gpt2-350m": {"n_layer": 24, "n_head": 16, "n_embd": 1024},
+    "gpt2-350m": {"n_layer": 24, "n_head": 16, "n_embd": 1024},  # GPT-2 medium
+    "gpt2-774m": {"n_layer": 36, "n_head": 20, "n_embd": 1280},  # GPT-2 large
 }
-PresetName = Literal["tiny", "small", "gpt2-124m", "gpt2-350m"]
+PresetName = Literal["tiny", "small", "gpt2-124m", "gpt2-350m", "gpt2-774m"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 ResumePolicy = Literal["auto", "never", "allow-data-change"]
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -44,11 +46,13 @@ class ModelConfig(_Frozen):
             raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
         return cls(**{**MODEL_PRESETS[name], **overrides})
 
-    def gpt_config(self, vocab_size: int, seq_len: int) -> GPTConfig:
+    def gpt_config(self, vocab_size: int, seq_len: int, loss_chunk_tokens: int = 0) -> GPTConfig:
         # A vocabulary padded to a multiple of 64 keeps the output matmul on fast kernels
         # (nanoGPT's 50257 -> 50304); the extra rows are never targets.
         padded = -(-vocab_size // 64) * 64
-        return GPTConfig(vocab_size=padded, block_size=seq_len, **self.model_dump())
+        return GPTConfig(
+            vocab_size=padded, block_size=seq_len, loss_chunk_tokens=loss_chunk_tokens, **self.model_dump()
+        )
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
@@ -95,6 +99,45 @@ class CheckpointConfig(_Frozen):
     async_save: bool = Field(default=True, description="write to disk on a background thread")
 
 
+class PerfConfig(_Frozen):
+    """Speed levers, each off or on, measured by ``benchmarks/gpu_train.py``.
+
+    None changes what a step computes beyond floating-point rounding: the chunked loss sums
+    the same cross-entropy in another order, and ``sync_every`` only moves the moment the
+    host reads the loss (see ``docs/training.md``, "Host synchronisation")."""
+
+    compile_mode: CompileMode = Field(
+        default="default", description="torch.compile mode when compile is on (CUDA graphs: reduce-overhead)"
+    )
+    compile_scope: Literal["model", "blocks"] = Field(
+        default="model",
+        description="compile the whole model, or each transformer block (one compilation reused by every "
+        "block: much shorter compile times, the same kernels inside the blocks)",
+    )
+    loss_chunk_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="cross-entropy over chunks of this many tokens, gradients computed chunk by chunk, so "
+        "the full logits never exist in fp32; 0: the plain loss over the full logits",
+    )
+    auto_micro_batch: bool = Field(
+        default=False,
+        description="on CUDA, probe for the largest micro-batch that divides the per-rank batch and fits "
+        "in memory with memory_headroom to spare; micro_batch is used elsewhere",
+    )
+    memory_headroom: float = Field(
+        default=0.1, ge=0, lt=1, description="share of device memory the micro-batch probe leaves free"
+    )
+    fused_optimizer: bool = Field(default=True, description="fused AdamW kernels on CUDA")
+    sync_every: int = Field(
+        default=1,
+        ge=1,
+        description="1: read each step's loss and gradient norm before applying it (a host sync per step); "
+        "N > 1: apply steps without waiting and judge them in order every N steps and before every "
+        "checkpoint, evaluation and the end (same results; a bad step costs up to N-1 wasted steps)",
+    )
+
+
 class StabilityConfig(_Frozen):
     """Roll back to the last good checkpoint on a non-finite loss or gradient, or a loss spike."""
 
@@ -137,12 +180,18 @@ class TrainConfig(_Frozen):
     checkpoint: CheckpointConfig = CheckpointConfig()
     stability: StabilityConfig = StabilityConfig()
     faults: FaultConfig = FaultConfig()
+    perf: PerfConfig = PerfConfig()
     eval_every: int = Field(default=50, ge=0, description="evaluate every N steps (and at the end); 0: never")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="autocast dtype; auto: bfloat16 on CUDA, float32 on CPU"
     )
     compile: bool = False
     parallel: Literal["ddp", "fsdp"] = "ddp"
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        default="auto",
+        description="auto: one CUDA device per process when CUDA is available (NCCL), else the CPU (gloo); "
+        "cpu: the CPU and gloo even where CUDA is available",
+    )
     deterministic: bool = Field(
         default=False,
         description="deterministic kernels (slower on CUDA); CPU kernels already are, for a fixed thread count",

@@ -1,7 +1,9 @@
 """Process-group setup and the few collectives the trainer uses.
 
 Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set) a process group is started: NCCL on CUDA,
-gloo on CPU. Without it (a plain ``python -m training`` or an in-process call) the
+one device per local rank, gloo on CPU. A machine with fewer CUDA devices than local ranks
+is refused with a sentence saying what to do, rather than failing on ``cuda:1`` somewhere
+inside NCCL; ``device="cpu"`` runs on the CPU with gloo wherever CUDA is. Without it (a plain ``python -m training`` or an in-process call) the
 trainer is one process and every collective here is the identity.
 """
 
@@ -70,13 +72,32 @@ def elastic_restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def init_distributed() -> DistContext:
+def use_cuda(preference: str = "auto") -> bool:
+    """Whether a process with this device preference ("auto", "cuda" or "cpu") trains on CUDA."""
+    if preference == "cpu":
+        return False
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "device 'cuda' was asked for, but PyTorch sees no CUDA device here; use device 'auto' or 'cpu'"
+        )
+    return torch.cuda.is_available()
+
+
+def init_distributed(preference: str = "auto") -> DistContext:
+    cuda = use_cuda(preference)
     if "RANK" not in os.environ:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return DistContext(0, 1, 0, device)
+        return DistContext(0, 1, 0, torch.device("cuda" if cuda else "cpu"))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
+    if cuda:
+        available = torch.cuda.device_count()
+        if local_rank >= available:
+            local_world = os.environ.get("LOCAL_WORLD_SIZE", "?")
+            raise RuntimeError(
+                f"local rank {local_rank} of {local_world} needs cuda:{local_rank}, but this machine has "
+                f"{available} CUDA device(s): start at most {available} process(es) per node, or train on "
+                "the CPU (device 'cpu')"
+            )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from formats.layout import LINEAGE_BRANCH, MAIN
-from versioning import Conflict, DataRepo, NoChanges, RepoError
+from versioning import Conflict, DataRepo, DiskFull, NoChanges, RepoError
+from versioning.diskspace import disk_full_message, is_disk_full
 
 _MAX_RETRY_SECONDS = 60.0
 
@@ -58,8 +59,16 @@ class LineageWriter:
         body = json.dumps({"path": repo_path, "record": record}, indent=2, sort_keys=True, default=str)
         name = f"{time.time_ns():020d}-{os.getpid()}.json"
         tmp = self.queue_dir / f".{name}.tmp"
-        tmp.write_text(body)
-        os.replace(tmp, self.queue_dir / name)
+        try:
+            tmp.write_text(body)
+            os.replace(tmp, self.queue_dir / name)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)  # the queue only ever holds whole records
+            if is_disk_full(exc):
+                raise DiskFull(
+                    disk_full_message(f"the lineage record {repo_path} to", self.queue_dir, len(body.encode()))
+                ) from None
+            raise
         self._wake.set()
 
     def pending(self) -> list[Path]:
@@ -90,7 +99,8 @@ class LineageWriter:
             except (RepoError, OSError) as exc:
                 self._repo = None  # reconnect next time
                 if not self._failing:
-                    self._warn(f"lineage: repository unreachable, {len(queued)} record(s) queued ({exc})")
+                    trouble = "repository out of space" if isinstance(exc, DiskFull) else "repository unreachable"
+                    self._warn(f"lineage: {trouble}, {len(queued)} record(s) queued ({exc})")
                 self._failing = True
                 return False
             for path in queued:

@@ -16,11 +16,12 @@ table, only the achieved FLOP/s is reported (``mfu`` is null).
 from __future__ import annotations
 
 import json
+import os
 import resource
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from tqdm import tqdm
@@ -57,8 +58,7 @@ class MetricsLog:
 
     def __init__(self, path: Path, total_steps: int, first_step: int, progress: bool):
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("a")
+        self._file = open_jsonl_for_append(path)
         self._bar = tqdm(
             total=total_steps,
             initial=first_step,
@@ -103,10 +103,39 @@ class MetricsLog:
         self._file.close()
 
 
+def open_jsonl_for_append(path: Path) -> TextIO:
+    """``path`` opened to append JSON lines, after cutting off a torn last line.
+
+    A process killed inside a ``write`` can leave a line without its newline; appending to it
+    would glue the next run's first record onto it and make the file unreadable. A line
+    without its newline is a record that was never completely written, so it goes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        keep = end
+        while keep > 0:
+            start = max(0, keep - (64 << 10))
+            f.seek(start)
+            chunk = f.read(keep - start)
+            if end == keep and chunk.endswith(b"\n"):
+                break  # the common case: nothing torn
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            keep = start
+        if keep != end:
+            f.truncate(keep)
+    return path.open("a")
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every complete record; a last line without its newline (being written, or torn) is left out."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().split("\n")
+    lines.pop()  # what follows the last newline: nothing, or an incomplete record
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def last_per_step(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from training.losses import chunked_cross_entropy
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -25,6 +27,7 @@ class GPTConfig:
     n_embd: int
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm layers; GPT-2 had them, without is a little faster
+    loss_chunk_tokens: int = 0  # > 0: training.losses.chunked_cross_entropy (no full logits); 0: plain loss
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -110,7 +113,10 @@ class GPT(nn.Module):
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits ``[B, T, vocab]`` and, given ``targets``, the mean next-token cross-entropy."""
+        """Logits ``[B, T, vocab]`` and, given ``targets``, the mean next-token cross-entropy.
+
+        With ``loss_chunk_tokens`` set and ``targets`` given, the logits are never formed and
+        the first element is None."""
         T = idx.size(1)
         if self.config.block_size < T:
             raise ValueError(f"sequence of {T} tokens is longer than block_size {self.config.block_size}")
@@ -118,7 +124,10 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))
+        x = self.ln_f(x)
+        if targets is not None and self.config.loss_chunk_tokens:
+            return None, chunked_cross_entropy(x, self.lm_head.weight, targets, self.config.loss_chunk_tokens)
+        logits = self.lm_head(x)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from versioning.diskspace import DiskFull
 from versioning.port import (
     Change,
     Commit,
@@ -29,6 +30,7 @@ __all__ = [
     "Commit",
     "Conflict",
     "DataRepo",
+    "DiskFull",
     "HookFailed",
     "InvalidPath",
     "MergeConflict",

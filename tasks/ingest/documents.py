@@ -22,7 +22,7 @@ from tasks.schema import DOCUMENT_SCHEMA, document_id, with_quarantine_reason
 STAGE = "ingest"
 BATCH_RECORDS = 512
 QUARANTINE_SCHEMA = pa.schema(
-    [*DOCUMENT_SCHEMA, pa.field("stage", pa.string()), pa.field("reason", pa.string())]
+    [*DOCUMENT_SCHEMA, pa.field("stage", pa.string()), pa.field("reason", pa.string()), pa.field("detail", pa.string())]
 )
 
 
@@ -80,11 +80,7 @@ def _finish_batch(
         reason = _refusal(source, record, too_big[i], binary[i], blank[i], chars[i])
         keep.append(reason is None)
         if reason is not None:
-            detail = (
-                "mostly control characters"
-                if reason == "binary"
-                else f"{chars[i]} characters after normalisation"
-            )
+            detail = _refusal_detail(source, config, reason, chars[i], len(record.text.encode()))
             rejected.append((record._replace(reason=reason, detail=detail), texts[i].as_py()[:keep_chars]))
     good = [r for r, k in zip(candidates, keep, strict=True) if k]
     kept = _documents(
@@ -98,10 +94,27 @@ def _finish_batch(
         source,
         [r.locator for r, _ in rejected],
         pa.array([text for _, text in rejected], pa.string()),
-        [_meta(source, {"detail": r.detail}) for r, _ in rejected],
+        [_meta(source, {})] * len(rejected),
         [document_id(source.name, r.locator) for r, _ in rejected],
     )
-    return kept, with_quarantine_reason(quarantined, STAGE, [r.reason for r, _ in rejected])
+    return kept, _with_reason_and_detail(quarantined, [r.reason for r, _ in rejected], [r.detail for r, _ in rejected])
+
+
+def _with_reason_and_detail(table: pa.Table, reasons: list[str], details: list[str]) -> pa.Table:
+    """The quarantine columns: ``stage``, ``reason`` and what exactly (limit, byte offset, field)."""
+    return with_quarantine_reason(table, STAGE, reasons).append_column("detail", pa.array(details, pa.string()))
+
+
+def _refusal_detail(source: SourceConfig, config: IngestConfig, reason: str, chars: int, size: int) -> str:
+    if reason == "binary":
+        return f"more than binary_control_fraction {config.binary_control_fraction:g} of the text is control characters"
+    if reason == "too_long" and size > config.max_doc_bytes:
+        return f"{size} bytes > max_doc_bytes {config.max_doc_bytes}"
+    if reason == "too_long":
+        return f"{chars} characters after normalisation > max_chars {source.max_chars}"
+    if reason == "too_short":
+        return f"{chars} characters after normalisation < min_chars {source.min_chars}"
+    return "only whitespace after normalisation"
 
 
 def iter_partition(
@@ -125,5 +138,5 @@ def ingest_partition(
     empty = _documents(source, [], pa.array([], pa.string()), [], [])
     return (
         pa.concat_tables([empty, *kept]),
-        pa.concat_tables([with_quarantine_reason(empty, STAGE, []), *quarantined]),
+        pa.concat_tables([_with_reason_and_detail(empty, [], []), *quarantined]),
     )

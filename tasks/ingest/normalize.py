@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 BINARY_SAMPLE_BYTES = 8192
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # little-endian, big-endian
 # C0 controls except tab, line feed, vertical tab, form feed, carriage return; ESC (0x1b) is
 # common in terminal logs, so it does not make a text binary; DEL.
 _CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0E, 0x1B), *range(0x1C, 0x20), 0x7F])
@@ -34,23 +35,37 @@ def control_fraction(sample: bytes) -> float:
     return (len(sample) - len(sample.translate(None, _CONTROL_BYTES))) / len(sample)
 
 
+def has_utf16_bom(data: bytes) -> bool:
+    return data.startswith(UTF16_BOMS)
+
+
 def decode_document(data: bytes, binary_control_fraction: float) -> tuple[str | None, str | None, str]:
-    """``(text, None, "")`` for UTF-8 text, else ``(None, reason, detail)``.
+    """``(text, None, "")`` for UTF-8 text or UTF-16 text with a BOM, else ``(None, reason, detail)``.
 
     Binary is judged before decoding: random bytes are also invalid UTF-8, and "binary" is
     the more useful reason. A few NUL bytes in otherwise good text are not binary: they are
-    removed by :func:`normalize_texts`.
+    removed by :func:`normalize_texts`. UTF-16 is read only with its BOM, which says the byte
+    order; text decoded from UTF-16 is judged for binary content afterwards, as characters
+    (``Record.check_binary``), since half its bytes are NUL.
     """
+    if has_utf16_bom(data):
+        try:
+            return data.decode("utf-16"), None, ""
+        except UnicodeDecodeError as exc:
+            return None, "undecodable", f"invalid UTF-16 at byte {exc.start}: {exc.reason}"
     sample = data[:BINARY_SAMPLE_BYTES]
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or looks_like_utf16(sample):
+    if looks_like_utf16(sample):
         return (
             None,
             "undecodable",
-            "UTF-16 text (NUL in every other byte or a UTF-16 BOM); only UTF-8 is read",
+            "UTF-16 text without a BOM (NUL in every other byte); only UTF-8, or UTF-16 with a BOM, is read",
         )
     share = control_fraction(sample)
     if share > binary_control_fraction:
-        return None, "binary", f"{share:.0%} control bytes in the first {len(sample)} bytes"
+        return None, "binary", (
+            f"{share:.0%} control bytes in the first {len(sample)} bytes > binary_control_fraction "
+            f"{binary_control_fraction:g}"
+        )
     try:
         return data.decode("utf-8"), None, ""
     except UnicodeDecodeError as exc:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from tasks.ingest.normalize import decode_document, preview
+from tasks.ingest.normalize import decode_document, has_utf16_bom, preview
 
 if TYPE_CHECKING:
     from tasks.ingest.config import IngestConfig, SourceConfig
@@ -211,7 +211,7 @@ def read_files(source: SourceConfig, partition: Partition, config: IngestConfig)
             continue
         text, reason, detail = decode_document(data, config.binary_control_fraction)
         yield (
-            Record(rel, text, None)
+            Record(rel, text, None, check_binary=has_utf16_bom(data))
             if reason is None
             else Record(rel, preview(data, min(keep, 1000)), reason, detail)
         )

@@ -32,7 +32,8 @@ from tasks.shard.pack import STAGE, RowSpill, SourceOutcome, pack_source
 from tasks.stage import PartitionOutput, StageReport, StageWriter
 from tasks.tokenize import Encoder, TokenizerError, TrainingSample, load_tokenizer, train_tokenizer
 from tasks.tokenize import tokenizer_sha256 as sha256_of_tokenizer
-from versioning import DataRepo, NotFound
+from versioning import DataRepo, DiskFull, NotFound
+from versioning.diskspace import disk_full_message, is_disk_full
 
 INPUT_PREFIX = layout.DEDUP
 REQUIRED_COLUMNS = ("id", "text")
@@ -131,11 +132,17 @@ def shard_one(work: ShardWork) -> PartitionOutput:
             return _read_source(repo, work.input_commit, source)
 
         try:
-            outcome = pack_source(source, read_tables, encoder, config, spill, quarantine.write)
-        except BaseException:
-            spill.discard()
-            raise
-        stored = _store_shards(repo, work.branch, source, spill, Path(scratch), encoder.eod_id, config)
+            try:
+                outcome = pack_source(source, read_tables, encoder, config, spill, quarantine.write)
+            except BaseException:
+                spill.discard()
+                raise
+            stored = _store_shards(repo, work.branch, source, spill, Path(scratch), encoder.eod_id, config)
+        except OSError as exc:  # the local spill and shard files (the repository says its own)
+            if not is_disk_full(exc):
+                raise
+            needed = spill.rows * spill.row_len * spill.dtype.itemsize  # the shards copy the spill
+            raise DiskFull(disk_full_message(f"the shards of source {source!r} to", scratch, needed)) from None
     quarantine.close()
     # kept documents became tokens; sampled-out ones were only counted, the others quarantined
     output = PartitionOutput(outcome.documents_in, outcome.kept, dict(outcome.rejected), source=source)

@@ -95,12 +95,9 @@ def test_files_corpus_each_case_has_its_reason(files_corpus: Path) -> None:
     # nothing lost: every listed file is either kept or quarantined, once
     assert kept.num_rows + quarantined.num_rows == len(list(files_corpus.rglob("*"))) - 1  # minus the folder
     assert set(quarantined.column("stage").to_pylist()) == {"ingest"}
-    detail = {
-        loc: json.loads(meta)["detail"]
-        for loc, meta in zip(
-            quarantined.column("locator").to_pylist(), quarantined.column("meta").to_pylist(), strict=True
-        )
-    }
+    detail = dict(
+        zip(quarantined.column("locator").to_pylist(), quarantined.column("detail").to_pylist(), strict=True)
+    )
     assert "UTF-16" in detail["utf16_no_bom.txt"]
     assert "FIFO" in detail["fifo.txt"] or "p" in detail["fifo.txt"].split("mode ")[1]
 
@@ -171,7 +168,7 @@ def test_jsonl_corpus_each_case_has_its_reason(jsonl_corpus: Path) -> None:
     # the 50 MB line is quarantined with a bounded preview
     big = quarantined.filter(pa.compute.equal(quarantined.column("locator"), "a.jsonl:12"))
     assert len(big.column("text")[0].as_py()) == config.quarantine_text_chars
-    assert "52428812 bytes" in json.loads(big.column("meta")[0].as_py())["detail"]
+    assert "52428812 bytes" in big.column("detail")[0].as_py()
     # counts add up: one record per non-blank line, one per broken stream
     assert Counter(reasons.values())["truncated_file"] == 2
     assert kept.num_rows + quarantined.num_rows == 13 + len(gz_kept) + 2 + 1 + 50
@@ -207,7 +204,31 @@ def test_parquet_corpus_each_case_has_its_reason(parquet_corpus: Path) -> None:
     }
     assert kept.column("locator").to_pylist() == ["a_good.parquet:0", "a_good.parquet:3"]
     assert [json.loads(m)["source_id"] for m in kept.column("meta").to_pylist()] == ["a", "d"]
-    details = [json.loads(m)["detail"] for m in quarantined.column("meta").to_pylist()]
+    details = quarantined.column("detail").to_pylist()
     assert quarantined.num_rows == 5  # a file with a wrong schema is one record, not one per row group
     assert any("no column 'text'" in d and "3 rows" in d for d in details)
     assert any("is int64, expected a string" in d for d in details)
+
+
+def test_utf16_with_a_bom_is_read_and_broken_utf16_says_at_which_byte(tmp_path: Path) -> None:
+    (tmp_path / "le.txt").write_bytes(b"\xff\xfe" + GOOD.encode("utf-16-le"))
+    (tmp_path / "be.txt").write_bytes(b"\xfe\xff" + GOOD.encode("utf-16-be"))
+    (tmp_path / "odd_length.txt").write_bytes(b"\xff\xfe" + GOOD.encode("utf-16-le") + b"x")
+    lone_surrogate = b"\xff\xfe" + "ok".encode("utf-16-le") + b"\x00\xd8" + "zz".encode("utf-16-le")
+    (tmp_path / "lone_surrogate.txt").write_bytes(lone_surrogate)
+    (tmp_path / "controls.txt").write_bytes(b"\xff\xfe" + ("\x01\x02\x03" * 40).encode("utf-16-le"))
+    source = SourceConfig(name="utf16", kind="prose", format="files", path=str(tmp_path), min_chars=5)
+    kept, quarantined = _ingest(source, IngestConfig())
+    texts = dict(zip(kept.column("locator").to_pylist(), kept.column("text").to_pylist(), strict=True))
+    assert texts == {"be.txt": GOOD, "le.txt": GOOD}
+    found = {
+        locator: (reason, detail)
+        for locator, reason, detail in zip(
+            *(quarantined.column(c).to_pylist() for c in ("locator", "reason", "detail")), strict=True
+        )
+    }
+    assert found == {
+        "odd_length.txt": ("undecodable", "invalid UTF-16 at byte 142: truncated data"),
+        "lone_surrogate.txt": ("undecodable", "invalid UTF-16 at byte 6: illegal UTF-16 surrogate"),
+        "controls.txt": ("binary", "more than binary_control_fraction 0.05 of the text is control characters"),
+    }

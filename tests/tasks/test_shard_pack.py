@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -164,7 +168,11 @@ def test_a_source_of_only_sampled_out_documents_says_so(tmp_path, encoder) -> No
     assert outcome.reason == "no documents"
 
 
-def test_memory_stays_bounded_while_a_source_streams_through(tmp_path, encoder) -> None:
+def streaming_peak(workdir: Path, tables_count: int) -> dict[str, int]:
+    """Pack ``tables_count`` generated tables of one source; the traced peak and the bytes spilled.
+
+    Runs in a fresh interpreter (see the test below), so the peak holds only this process's
+    packing, not what other threads of a test session allocate meanwhile."""
     import tracemalloc
 
     rng = random.Random(4)
@@ -175,19 +183,36 @@ def test_memory_stays_bounded_while_a_source_streams_through(tmp_path, encoder) 
             yield docs(["".join(rng.choices(letters, k=400)) for _ in range(40)], prefix=f"t{t}-")
 
     cfg = ShardConfig(seq_len=127, batch_documents=16)
+    words = random.Random(0)
+    texts = [" ".join(words.choice(WORDS) for _ in range(30)) for _ in range(200)]
+    with Encoder(train_tokenizer(texts, 300, [EOD]).to_str(), EOD) as encoder:
 
-    def pack(name: str, count: int):
-        spill = RowSpill(tmp_path / f"{name}.rows", cfg.seq_len + 1, np.dtype("uint16"))
-        outcome = pack_source(name, lambda _: tables(count), encoder, cfg, spill, lambda table: None)
-        spill.discard()
-        return outcome, spill.rows * (cfg.seq_len + 1) * 2
+        def pack(name: str, count: int):
+            spill = RowSpill(workdir / f"{name}.rows", cfg.seq_len + 1, np.dtype("uint16"))
+            outcome = pack_source(name, lambda _: tables(count), encoder, cfg, spill, lambda table: None)
+            spill.discard()
+            return outcome, spill.rows * (cfg.seq_len + 1) * 2
 
-    pack("warm-up", 1)  # lazy imports (pyarrow pulls in pandas) are not the stream's memory
-    tracemalloc.start()
-    try:
-        outcome, spilled = pack("big", 30)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert outcome.kept == 1200 and spilled > 500_000
+        pack("warm-up", 1)  # lazy imports (pyarrow pulls in pandas) are not the stream's memory
+        tracemalloc.start()
+        try:
+            outcome, spilled = pack("big", tables_count)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    return {"kept": outcome.kept, "spilled": spilled, "peak": peak}
+
+
+def test_memory_stays_bounded_while_a_source_streams_through(tmp_path, repo_root) -> None:
+    code = (
+        "import json, sys; from pathlib import Path; "
+        "from tests.tasks.test_shard_pack import streaming_peak; "
+        "print(json.dumps(streaming_peak(Path(sys.argv[1]), 30)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=repo_root, capture_output=True, text=True, check=True
+    )
+    measured = json.loads(result.stdout.splitlines()[-1])
+    peak, spilled = measured["peak"], measured["spilled"]
+    assert measured["kept"] == 1200 and spilled > 500_000
     assert peak < spilled / 4, f"peak {peak} bytes for {spilled} bytes of tokens"

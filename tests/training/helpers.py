@@ -68,6 +68,17 @@ def make_config(ds: Dataset, run: str, **fields) -> TrainConfig:
     return TrainConfig(**{**defaults, **fields})
 
 
+def device_for_ranks(nproc: int) -> tuple[str, str | None]:
+    """The ``TrainConfig.device`` for a job of ``nproc`` ranks on this machine, and why, when it
+    falls back: each rank needs its own CUDA device; with fewer, the job runs on the CPU with gloo."""
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if available >= nproc:
+        return "auto", None
+    if available == 0:
+        return "cpu", None  # no CUDA at all: gloo on the CPU is the plain setup, nothing to report
+    return "cpu", f"{available} CUDA device(s) for {nproc} ranks: these jobs run on the CPU with gloo"
+
+
 def train_records(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -67,6 +68,28 @@ def test_prune_keeps_the_last_k_and_every_milestone(tmp_path):
     for step in range(1, 11):
         manager.save(step, payload(step), {"step": step})
     assert [c.step for c in list_checkpoints(tmp_path)] == [4, 8, 9, 10]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"step-{s:07d}" for s in (4, 8, 9, 10)]
+
+
+def test_a_prune_killed_half_way_leaves_no_checkpoint_with_files_missing(tmp_path, monkeypatch):
+    manager = CheckpointManager(tmp_path, keep_last=1, async_save=False)
+    manager.save(1, payload(1), {"step": 1})
+
+    rmtree = shutil.rmtree
+
+    def killed_after_one_file(path, ignore_errors=False):
+        if not path.name.startswith(".trash-"):  # not the prune's delete
+            return rmtree(path, ignore_errors=ignore_errors)
+        (path / "COMPLETE").unlink()  # COMPLETE went first ...
+        raise KeyboardInterrupt  # ... then the process died
+
+    monkeypatch.setattr("training.checkpoint.shutil.rmtree", killed_after_one_file)
+    with pytest.raises(KeyboardInterrupt):
+        manager.save(2, payload(2), {"step": 2})
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("step-")] == ["step-0000002"]
+    assert [p.name for p in remove_partial_saves(tmp_path)] == [f".trash-step-0000001-{os.getpid()}"]
+    assert newest_valid(tmp_path).step == 2
 
 
 def test_an_asynchronous_save_snapshots_the_state_when_called(tmp_path):

@@ -1,31 +1,50 @@
-"""Real torchrun jobs (2 processes, gloo on CPU): exact resume after SIGKILL, elastic resume, FSDP2."""
+"""Real torchrun jobs (2 processes): exact resume after SIGKILL, elastic resume, FSDP2.
+
+Each rank needs a CUDA device of its own; on a machine with fewer (one GPU, say) the jobs
+run on the CPU with gloo instead, and a warning in the test summary says so.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from tests.training.helpers import (
+    ROOT,
+    device_for_ranks,
     final_weights,
-    make_config,
     make_dataset,
     newest_durable_step,
     torchrun,
+    torchrun_command,
     torchrun_killed_after,
     train_records,
 )
+from tests.training.helpers import make_config as make_job_config
 from training.config import CheckpointConfig, FaultConfig, OptimConfig
 from training.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
+DEVICE, FALLBACK = device_for_ranks(2)
+
+
+def make_config(ds, run, **fields):
+    # on CUDA, NCCL and cuBLAS need deterministic kernels for the bit-for-bit comparisons
+    return make_job_config(ds, run, device=DEVICE, deterministic=DEVICE != "cpu", **fields)
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
+    if FALLBACK:
+        warnings.warn(f"tests/training/test_distributed.py: {FALLBACK}", stacklevel=1)
     return make_dataset(tmp_path_factory.mktemp("distributed"))
 
 
@@ -143,3 +162,19 @@ def test_fsdp2_trains_on_cpu_and_resumes_exactly(dataset, baseline):
         assert loss == pytest.approx(expected[step], rel=1e-4)
     weights = final_weights(config.run_dir(), 8)  # a full (unsharded) state dict, like DDP's
     assert weights.keys() == final_weights(baseline.run_dir(), 16).keys()
+
+
+def test_no_ddp_wrapper_outlives_the_process_group(dataset, tmp_path):
+    # found by benchmarks/chaos/train_kills.py: a rank hung at exit when the DDP reducer was the
+    # process group's last owner (its destructor waited, under the GIL, on a gloo thread
+    # that needed the GIL)
+    config = make_config(dataset, "teardown", steps=2, eval_every=0)
+    command = torchrun_command(config, 2)
+    command[command.index("training")] = "tests.training.teardown_probe"
+    probe = tmp_path / "probe"
+    result = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "TEARDOWN_PROBE": str(probe)},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [Path(f"{probe}.rank{r}").read_text() for r in (0, 1)] == ["0", "0"]

@@ -78,3 +78,21 @@ def test_configs_are_validated_where_built():
     with pytest.raises(ValueError, match="processes"):
         TrainConfig(run="r", commit="c", global_batch=8, micro_batch=4).accumulation_steps(4)
     assert TrainConfig(run="r", commit="c", global_batch=8, micro_batch=2).accumulation_steps(2) == 2
+
+
+@pytest.mark.parametrize(("preset", "millions"), [("gpt2-124m", 124), ("gpt2-350m", 355), ("gpt2-774m", 774)])
+def test_gpt2_presets_have_the_sizes_of_their_names(preset, millions):
+    with torch.device("meta"):  # shapes only
+        model = GPT(ModelConfig.preset(preset).gpt_config(vocab_size=50257, seq_len=1024))
+    # GPT-2 had biases and a 50257-token head; without biases and with the padded head the count
+    # lands within 1% of the published size
+    assert model.num_params(non_embedding=False) == pytest.approx(millions * 1e6, rel=0.01)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_asking_for_cuda_where_there_is_none_is_refused_in_one_sentence():
+    from training.distributed import use_cuda
+
+    assert use_cuda("auto") is False and use_cuda("cpu") is False
+    with pytest.raises(RuntimeError, match="no CUDA device here; use device 'auto' or 'cpu'"):
+        use_cuda("cuda")

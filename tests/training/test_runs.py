@@ -49,6 +49,20 @@ def test_a_run_writes_checkpoints_metrics_plot_and_lineage(dataset):
     assert not list((run / "lineage-queue").glob("*.json"))
 
 
+def test_a_lineage_record_lost_to_a_kill_after_the_checkpoint_is_written_again_on_restart(dataset):
+    # found by benchmarks/chaos/train_kills.py: a SIGKILL after the final checkpoint's COMPLETE and
+    # before its record was queued left that checkpoint without lineage for good
+    config = make_config(dataset, "lost-record", steps=4)
+    train(config)
+    repo = LocalRepo(dataset.repo)
+    path = "runs/lost-record/checkpoints/step-0000004.json"
+    written = repo.get("runs", path)
+    repo.delete("runs", path)
+    repo.commit("runs", "the record as if it had never been queued", {})
+    train(config)  # resumes at the last step: nothing to train, a checkpoint to account for
+    assert repo.get("runs", path) == written
+
+
 def test_resuming_on_another_data_commit_is_refused_unless_allowed_and_then_recorded(dataset):
     train(make_config(dataset, "moved", steps=4))
     other = publish_synthetic_dataset(

@@ -42,6 +42,7 @@ from typing import BinaryIO, Protocol
 
 import blake3
 
+from versioning.diskspace import DiskFull, disk_full_message, is_disk_full
 from versioning.port import InvalidPath, NotFound, PutSource
 
 CHUNK_BYTES = 8 << 20
@@ -179,7 +180,7 @@ class ObjectStore:
                 _write_all(fd, view)
                 return sha256, len(view)
 
-            return self._store(fill)
+            return self._store(fill, len(view))
 
         def fill_hashing(fd: int) -> tuple[str, int]:
             digest = self._new_digest()
@@ -189,7 +190,7 @@ class ObjectStore:
                 hashed.result()
             return digest.hexdigest(), len(view)
 
-        return self._store(fill_hashing)
+        return self._store(fill_hashing, len(view))
 
     def _write_file(
         self, source_fd: int, start: int, readinto: ReadInto, seek: Callable[[int], object]
@@ -204,10 +205,13 @@ class ObjectStore:
                 seek(start)
                 return _copy_stream_hashing(readinto, fd, self._new_digest())
 
-        return self._store(fill)
+        return self._store(fill, max(0, os.fstat(source_fd).st_size - start))
 
-    def _store(self, fill: Callable[[int], tuple[str, int]]) -> tuple[str, int]:
-        """Run ``fill`` on a fresh temp file, then publish the file under its digest."""
+    def _store(self, fill: Callable[[int], tuple[str, int]], size: int | None = None) -> tuple[str, int]:
+        """Run ``fill`` on a fresh temp file, then publish the file under its digest.
+
+        A full disk removes the temp file and raises :class:`DiskFull` naming the store and
+        ``size``, the object's size when known."""
         temp = str(self.temp_dir / f"{os.getpid()}-{secrets.token_hex(8)}.tmp")
         try:
             fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o444)
@@ -230,9 +234,13 @@ class ObjectStore:
                         raise
                     self.pending_dir.mkdir(exist_ok=True)  # a store created before pending/ existed
                     os.rename(temp, self.pending_path(sha256))
-        except BaseException:
+        except BaseException as exc:
+            written = _size_of(temp)
             with contextlib.suppress(OSError):
                 os.unlink(temp)
+            if is_disk_full(exc):
+                where = "an object to the repository's object store"
+                raise DiskFull(disk_full_message(where, self.dir, size, written)) from None
             raise
         return sha256, size
 
@@ -248,6 +256,13 @@ class ObjectStore:
             except FileNotFoundError:
                 if not os.path.exists(final):
                     raise
+
+
+def _size_of(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _regular_file_offset(source: object) -> int | None:

@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from versioning.diskspace import DiskFull
 from versioning.local import graph, trees
 from versioning.local.actions import MergeEvent, check_pre_merge
 from versioning.local.db import Database
@@ -226,6 +227,8 @@ class LocalRepo:
         self._branch_head(self._db.connection(), branch)  # fail before copying gigabytes in vain
         try:
             sha256, size = self._objects.write(data)
+        except DiskFull as exc:
+            raise DiskFull(f"storing {path!r} on branch {branch!r}: {exc}") from None
         except OSError as exc:
             raise RepoError(f"storing {path!r} on branch {branch!r} failed: {exc}") from exc
         mtime = time.time()
