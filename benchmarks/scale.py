@@ -140,6 +140,13 @@ def run_stages(work: Path, sources: list[dict[str, Any]], workers: int, corpus_b
         "ingest_partitions": ingested.report["per_source"]["web0"]["partitions"] * len(sources),
         "ingest_partition_bytes": partition,
         "shards": {s["name"]: s["sha256"] for s in manifest["shards"]},
+        "shard_bytes": sum(s["bytes"] for s in manifest["shards"]),
+        "tokens": manifest["totals"]["tokens"],
+        "documents": {
+            "ingested": ingested.report["kept"],
+            "validated": validated.report["kept"],
+            "deduplicated": deduped.report["kept"],
+        },
         "stages": {},
     }
     for name, (seconds, documents) in groups.items():

@@ -67,6 +67,14 @@ def test_the_object_hash_is_recorded_once_and_kept(tmp_path: Path):
     assert reopened.put("main", "a", b"x").checksum == hashlib.sha256(b"x").hexdigest()
 
 
+def test_a_commit_is_the_first_call_of_a_fresh_handle(tmp_path: Path):
+    LocalRepo(tmp_path / "repo").ensure()
+    fresh = LocalRepo(tmp_path / "repo")  # its object store is opened lazily, inside the commit
+    fresh.create_branch("lock", "main")
+    commit = fresh.commit("lock", "an empty commit, as the publish lock makes", {"stage": "lock"}, allow_empty=True)
+    assert fresh.resolve("lock") == commit.id
+
+
 def test_staged_objects_become_durable_at_commit(local: LocalRepo):
     data = os.urandom(3 << 20)
     digest = local.put("main", "big", data).checksum

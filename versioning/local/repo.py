@@ -312,10 +312,11 @@ class LocalRepo:
     ) -> Commit:
         validate_branch(branch)
         metadata = validate_metadata(metadata)
+        objects = self._objects  # opened outside the write transaction (it reads the object hash)
         with self._db.write() as conn:
             head = self._commit(conn, self._branch_head(conn, branch))
             staged = self._staged(conn, branch, "")
-            self._objects.make_durable({entry[0] for _, entry in staged if entry is not None})
+            objects.make_durable({entry[0] for _, entry in staged if entry is not None})
             # As lakeFS (pkg/graveler/committed/commit.go): a staged entry equal to the
             # committed one is no change, so re-uploading the same bytes commits nothing.
             tree = trees.apply_changes(conn, head.tree, dict(staged))
