@@ -142,6 +142,14 @@ def run_stages(work: Path, sources: list[dict[str, Any]], workers: int, corpus_b
         "shards": {s["name"]: s["sha256"] for s in manifest["shards"]},
         "shard_bytes": sum(s["bytes"] for s in manifest["shards"]),
         "tokens": manifest["totals"]["tokens"],
+        "dedup": {k: deduped.report["extra"].get(k) for k in ("contents", "candidate_pairs", "verified_pairs", "bands")}
+        | {"index_bytes": sum(s.size for s in repo.list(deduped.commit_id, "index/minhash/")),
+           "index_objects": sum(1 for _ in repo.list(deduped.commit_id, "index/minhash/"))},
+        "objects_changed_per_stage_commit": {
+            stage: len(repo.diff(before, after)) for stage, before, after in
+            (("ingest", head, ingested.commit_id), ("validate", ingested.commit_id, validated.commit_id),
+             ("dedup", validated.commit_id, deduped.commit_id), ("shard", deduped.commit_id, sharded.commit_id))
+        },
         "documents": {
             "ingested": ingested.report["kept"],
             "validated": validated.report["kept"],
