@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 
 import pytest
 
@@ -18,6 +19,7 @@ from formats import layout
 from versioning import DataRepo
 from versioning.local import LocalRepo
 
+PARTITION_STEPS = ("ingest-partition", "validate-part", "dedup-keys", "dedup-verify", "dedup-apply", "shard-source")
 pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.slow]
 
 
@@ -55,6 +57,21 @@ def partition_runs(flow_run_id) -> dict[str, int]:
     return names
 
 
+def recorded_partition_runs(flow_run_id, steps: tuple[str, ...], patience_s: float = 120.0) -> dict[str, int]:
+    """:func:`partition_runs` once the server has recorded every step: task-run states reach it as
+    events, which its task-run recorder may write after the flow run has returned. The patience
+    only ends a wait that would otherwise hang; the assertion is on the runs."""
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all()  # this process's events are sent
+    deadline = time.monotonic() + patience_s
+    while True:
+        runs = partition_runs(flow_run_id)
+        if all(runs.get(step, 0) >= 2 for step in steps) or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.2)
+
+
 def published_objects(repo: DataRepo, tag: str) -> dict[str, bytes]:
     """Every object of the version but the reports (timings, Great Expectations run times), with
     this repository's commit ids (in index folder names, run.json, the manifest) masked."""
@@ -80,8 +97,8 @@ def test_local_and_a_two_worker_dask_cluster_publish_the_same_bytes(tmp_path, mo
         params = demo_like(sources, str(tmp_path / name), str(tmp_path / f"results-{name}"), runner)
         state = curate(params, return_state=True)
         published[name] = (LocalRepo(tmp_path / name), state.result())
-        runs = partition_runs(state.state_details.flow_run_id)
-        for step in ("ingest-partition", "validate-part", "dedup-keys", "dedup-verify", "dedup-apply", "shard-source"):
+        runs = recorded_partition_runs(state.state_details.flow_run_id, PARTITION_STEPS)
+        for step in PARTITION_STEPS:
             assert runs.get(step, 0) >= 2, f"{name}: the {step} partitions are Prefect task runs of the flow run"
 
     (local_repo, local), (dask_repo, dask) = published["local"], published["dask"]
