@@ -6,7 +6,6 @@ crash test starts two dozen of them.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
