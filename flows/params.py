@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from formats.mix import MixSpec
 from tasks.dedup.config import DedupConfig
@@ -89,6 +89,18 @@ class RunnerConfig(BaseModel):
     memory_limit: str = Field(
         default="auto", description="dask LocalCluster: memory per worker process, e.g. 2GiB ('auto' shares the machine's)"
     )
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _memory_limit_is_a_size(cls, value: str) -> str:
+        from dask.utils import parse_bytes  # dask only where a runner is configured
+
+        if value != "auto":
+            try:
+                parse_bytes(value)
+            except ValueError:
+                raise ValueError(f"memory_limit {value!r} is not a size: write e.g. 2GiB, 512MB or auto") from None
+        return value
 
 
 class CurateParams(BaseModel):
