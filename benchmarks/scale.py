@@ -24,7 +24,7 @@ busy cores cannot show a clean 2x. Results: ``benchmarks/results/scale.json``. L
 ``scale: speedup_2w=<x> overhead=<y>% dedup_peak_rss_mb=<z>`` (overhead at the default 16 MiB
 ingest partition; the largest peak RSS of the memory bar's workers and stage process).
 
-    .venv/bin/python benchmarks/scale.py [--mb 24] [--memory-docs 1000000] [--memory-limit 400MiB]
+    .venv/bin/python benchmarks/scale.py [--mb 24] [--memory-docs 500000] [--memory-limit 600MiB]
 """
 
 from __future__ import annotations
