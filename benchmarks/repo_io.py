@@ -5,10 +5,12 @@ Measured in one run, rounds interleaved (best of each, the machines are shared):
 * large objects (default 1 GiB as 16 x 64 MiB): write = ``put`` from a file path of
   every object plus the commit, against ``shutil.copyfile`` of the same files into a
   plain directory; read = every byte through a 1 MiB ``readinto`` buffer, from
-  ``repo.open`` against ``open`` on the plain copies. The local adapter fsyncs each
-  object before it becomes visible (its crash-safety contract) and the plain copy does
-  not, so ``plain copy + fsync`` is shown too, and ``local, durable=False`` (no fsync;
-  still safe against a killed process) shows the cost of hashing alone;
+  ``repo.open`` against ``open`` on the plain copies. The local adapter hashes while it
+  copies and makes the committed objects durable at the commit (one ``syncfs``); the
+  plain copy does not fsync, so ``plain copy + fsync`` is shown too, and ``local,
+  durable=False`` (no fsync; still safe against a killed process) shows the cost of
+  hashing alone. ``local, sha256`` is the same store naming objects by SHA-256 (format-1
+  repositories) instead of BLAKE3: the figures behind the hash choice;
 * small objects (default 10,000 x 4 KiB): the same, per object, read with ``get``;
 * the lakeFS adapter (``LakeFSRepo``, the official SDK over HTTP) against the lakeFS API
   double from ``tests/lakefs_double`` (request validation off, backed by a local repo
@@ -132,9 +134,12 @@ def read_all(reader) -> int:
     return total
 
 
-def local_repo_factory(base: Path, durable: bool = True) -> tuple[Callable[[], DataRepo], Callable]:
+def local_repo_factory(
+    base: Path, durable: bool = True, object_hash: str | None = None
+) -> tuple[Callable[[], DataRepo], Callable]:
     def create() -> DataRepo:
-        repo = LocalRepo(Path(tempfile.mkdtemp(dir=base, prefix="local-")) / "repo", durable=durable)
+        root = Path(tempfile.mkdtemp(dir=base, prefix="local-")) / "repo"
+        repo = LocalRepo(root, durable=durable, object_hash=object_hash)
         repo.ensure()
         return repo
 
@@ -149,6 +154,8 @@ def measure_local_vs_plain(work: Path, sources: list[Path], rounds: int, case: s
     count, size = len(sources), sum(p.stat().st_size for p in sources)
     local, remove = local_repo_factory(work)
     fast_local, fast_remove = local_repo_factory(work, durable=False)
+    sha256_local, sha256_remove = local_repo_factory(work, object_hash="sha256")
+    fast_sha256_local, fast_sha256_remove = local_repo_factory(work, durable=False, object_hash="sha256")
     writes = best_of(
         rounds,
         {
@@ -156,6 +163,8 @@ def measure_local_vs_plain(work: Path, sources: list[Path], rounds: int, case: s
             "plain copy + fsync": plain_writer(sources, work, fsync=True),
             "local": repo_writer(sources, local, remove),
             "local, durable=False": repo_writer(sources, fast_local, fast_remove),
+            "local, sha256": repo_writer(sources, sha256_local, sha256_remove),
+            "local, sha256, durable=False": repo_writer(sources, fast_sha256_local, fast_sha256_remove),
         },
     )
     # One plain copy and one repository, kept for the reads.
@@ -329,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         / ratio[("large write", "plain copy + fsync")],
         "small_local_over_plain_write": ratio[("small write", "local")],
         "small_local_over_plain_read": ratio[("small read", "local open")],
+        # the hash decision: the same store naming objects by SHA-256 (format 1) instead of BLAKE3
+        "sha256_local_over_plain_write": ratio[("large write", "local, sha256")],
+        "sha256_over_blake3_write": ratio[("large write", "local, sha256")] / write,
+        "sha256_over_blake3_write_durable_false": ratio[("large write", "local, sha256, durable=False")]
+        / ratio[("large write", "local, durable=False")],
     }
     if ("lakefs large write", "lakefs (double)") in ratio:
         summary |= {

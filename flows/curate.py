@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from flows.artifacts import StageRun, SummaryLinks, stages_table, summary
 from flows.funnel import draw_funnel, funnel_of, funnel_path, image_url
 from flows.params import CurateParams, GateConfig, check_ready
+from flows.runners import partitions_on
 from flows.stage_runner import RunStart, StageRunner, published_version_at
 from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish, run_branch
 from formats import layout
@@ -101,11 +102,12 @@ def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
     """Curate the configured sources into a new dataset version on ``main``."""
     run = StageRunner.start(params)
     run.begin(open_run(params, run.repo_spec, run.branch))  # main stays untouched until publish
-    ingested = run.run("ingest", ingest_task, params.ingest, input_commit=run.head)
-    validated = run.run("validate", validate_task, params.validation, ingested.commit_id)
-    deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)
-    sharded = run.run("shard", shard_task, params.shards, deduped.commit_id)
-    mixed = run.run("mix", mix_task, params.mix, sharded.commit_id)
+    with partitions_on(params.runner.spec, params.runner.workers, params.runner.memory_limit):
+        ingested = run.run("ingest", ingest_task, params.ingest, input_commit=run.head)
+        validated = run.run("validate", validate_task, params.validation, ingested.commit_id)
+        deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)
+        sharded = run.run("shard", shard_task, params.shards, deduped.commit_id)
+        mixed = run.run("mix", mix_task, params.mix, sharded.commit_id)
     version = publish_task(run.repo_spec, run.branch, mixed.commit_id, run.links, run.flow_run_id, params, run.results)
     print(report_run(params, run.repo_spec, run.branch, run.done, version))
     return version

@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from flows.commands.values import one_sentence
 from formats.mix import MixSpec
@@ -80,6 +80,38 @@ class RetryConfig(BaseModel):
         }
 
 
+class RunnerConfig(BaseModel):
+    """Where the stages' partitions run (:mod:`flows.runners`); the published bytes are the same on each."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: str = Field(
+        default="local",
+        pattern=r"^(local|dask|dask:.+)$",
+        description="local (this machine), dask (a Dask LocalCluster started for the run) or "
+        "dask:tcp://host:8786 (an existing Dask scheduler, whose workers see the same repository)",
+    )
+    workers: int = Field(
+        default=1, ge=1, le=1024,
+        description="local: partitions at once (1 runs them in the flow's process); dask: LocalCluster worker processes",
+    )
+    memory_limit: str = Field(
+        default="auto", description="dask LocalCluster: memory per worker process, e.g. 2GiB ('auto' shares the machine's)"
+    )
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _memory_limit_is_a_size(cls, value: str) -> str:
+        from dask.utils import parse_bytes  # dask only where a runner is configured
+
+        if value != "auto":
+            try:
+                parse_bytes(value)
+            except ValueError:
+                raise ValueError(f"memory_limit {value!r} is not a size: write e.g. 2GiB, 512MB or auto") from None
+        return value
+
+
 class CurateParams(BaseModel):
     """Everything one curate run needs: sources to publish, stage configs, gates, repository."""
 
@@ -99,6 +131,7 @@ class CurateParams(BaseModel):
     gates: GateConfig = Field(default_factory=GateConfig, description="what must hold before publishing")
     repository: RepositoryConfig = Field(default_factory=RepositoryConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
+    runner: RunnerConfig = Field(default_factory=RunnerConfig, description="where the partitions of each stage run")
 
     @classmethod
     def from_toml(cls, path: str | Path) -> CurateParams:

@@ -72,6 +72,13 @@ def part_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
+SCRATCH = "_scratch"  # a stage's intermediate files on the run branch, removed before it commits
+
+
+def scratch_folder(stage: str) -> str:
+    return f"{SCRATCH}/{stage}"
+
+
 # ---- dedup index, tokenizer, shards, mix ---------------------------------------------------
 
 MINHASH_INDEX = "index/minhash"

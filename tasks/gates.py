@@ -408,8 +408,19 @@ class DocumentSample:
         slim = table.select(self.columns).set_column(
             self.columns.index("text"), "text", pc.utf8_slice_codeunits(text, 0, GATE_TEXT_CHARS)
         )
-        self._tables.append(slim.append_column("text_chars", pc.utf8_length(text).cast(pa.int64())))
-        self._rows += table.num_rows
+        self._keep(slim.append_column("text_chars", pc.utf8_length(text).cast(pa.int64())))
+
+    def absorb(self, sample: pa.Table | None, total: int) -> None:
+        """Another sample's :meth:`table` (of a partition that saw ``total`` documents): the
+        bottom-k of the union is the bottom-k of the union of the bottom-k's, so partitions
+        sample on their workers and only their samples travel."""
+        self.total += total
+        if sample is not None and sample.num_rows and self.max_rows:
+            self._keep(sample)
+
+    def _keep(self, slim: pa.Table) -> None:
+        self._tables.append(slim)
+        self._rows += slim.num_rows
         if self._rows > self.max_rows + max(self.max_rows // 4, 1_000):
             self._compact()
 

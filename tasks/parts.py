@@ -50,13 +50,7 @@ class PartWriter:
 
     def _flush(self, table: pa.Table) -> None:
         path = f"{self.prefix}/{layout.part_name(len(self.paths))}"
-        with tempfile.NamedTemporaryFile(suffix=".parquet", delete=False) as tmp:
-            tmp_path = tmp.name
-        try:
-            pq.write_table(table.combine_chunks(), tmp_path, compression="zstd")
-            self.repo.put(self.branch, path, tmp_path)
-        finally:
-            os.unlink(tmp_path)
+        put_table(self.repo, self.branch, path, table)
         self.paths.append(path)
         self.rows += table.num_rows
 
@@ -66,6 +60,17 @@ class PartWriter:
     def __exit__(self, *exc: object) -> None:
         if exc[0] is None:
             self.close()
+
+
+def put_table(repo: DataRepo, branch: str, path: str, table: pa.Table) -> None:
+    """Write ``table`` as one zstd Parquet object at ``path`` (through a local temporary file)."""
+    with tempfile.NamedTemporaryFile(suffix=".parquet", delete=False) as tmp:
+        tmp_path = tmp.name
+    try:
+        pq.write_table(table.combine_chunks(), tmp_path, compression="zstd")
+        repo.put(branch, validate_path(path), tmp_path)
+    finally:
+        os.unlink(tmp_path)
 
 
 def list_parts(repo: DataRepo, ref: str, prefix: str) -> list[str]:

@@ -42,7 +42,7 @@ from tasks.gates import (
     stats_rows,
     stats_table,
 )
-from tasks.parts import PartWriter, clear_prefix, put_json
+from tasks.parts import PartWriter, clear_prefix, put_json, put_table
 from versioning import DataRepo
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,57 @@ class StageResult:
     flow_run_id: str = ""
 
 
+@dataclass
+class PartitionOutput(DocumentCounts):
+    """What one partition of a stage wrote and counted: the small report a worker returns.
+
+    The partition's documents went to the repository (``parts`` are the kept parts it wrote);
+    ``sample`` is the bottom-k of its kept documents for the gate (see
+    :meth:`tasks.gates.DocumentSample.absorb`); ``facts`` are the stage's own numbers.
+    """
+
+    source: str = field(kw_only=True)
+    parts: list[str] = field(default_factory=list)
+    sample: pa.Table | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def write_partition(
+    repo: DataRepo,
+    branch: str,
+    stage: str,
+    documents: str,
+    source: str,
+    part: str,
+    kept: pa.Table,
+    quarantined: pa.Table,
+    sample_rows: int = 0,
+    sample_columns: list[str] | None = None,
+) -> PartitionOutput:
+    """Write one partition's kept and quarantined documents as ``<documents>/<source>/<part>`` and
+    ``quarantine/<stage>/<source>/<part>`` (each only when it has rows) and count them.
+
+    The part name comes from the partition (its input part, or its index), so what a worker
+    writes does not depend on which worker ran it or when.
+    """
+    output = PartitionOutput(source=source)
+    if kept.num_rows:
+        path = f"{layout.source_folder(documents, source)}/{part}"
+        put_table(repo, branch, path, kept)
+        output.parts.append(path)
+    if quarantined.num_rows:
+        put_table(repo, branch, f"{layout.quarantine_folder(stage, source)}/{part}", quarantined)
+    output.documents_in = kept.num_rows + quarantined.num_rows
+    output.kept = kept.num_rows
+    for reason, count in Counter(quarantined.column("reason").to_pylist()).items():
+        output.reject(reason, count)
+    if sample_rows and sample_columns and kept.num_rows:
+        sample = DocumentSample(sample_rows, sample_columns)
+        sample.add(kept)
+        output.sample = sample.table(pa.schema([]))
+    return output
+
+
 class SourceOutput(DocumentCounts):
     """One source's share of a stage: its kept parts, its quarantine parts and its counts.
 
@@ -147,6 +198,7 @@ class SourceOutput(DocumentCounts):
         self._kept = kept
         self._quarantine = quarantine
         self._sample = sample
+        self._partition_parts: list[str] = []
         self.facts: dict[str, Any] = {}
 
     def write(self, kept: pa.Table, quarantined: pa.Table) -> None:
@@ -165,6 +217,13 @@ class SourceOutput(DocumentCounts):
         for reason, count in Counter(table.column("reason").to_pylist()).items():
             self.reject(reason, count)
 
+    def absorb(self, partition: PartitionOutput) -> None:
+        """A partition that a worker wrote: its counts, its parts and its sample join the source's."""
+        self.add(partition)
+        self._partition_parts += partition.parts
+        if self._sample is not None:
+            self._sample.absorb(partition.sample, partition.kept)
+
     def count(self, *, documents_in: int = 0, kept: int = 0, rejected: Mapping[str, int] | None = None) -> None:
         """Documents a core counted but did not hand over as rows: those it read, those kept as
         something else (tokens), those rejected without a row to quarantine."""
@@ -173,7 +232,7 @@ class SourceOutput(DocumentCounts):
     def _close(self) -> None:
         if self._kept is not None:
             self._kept.close()
-            self.facts.setdefault("parts", len(self._kept.paths))
+            self.facts.setdefault("parts", len(self._kept.paths) + len(self._partition_parts))
         self._quarantine.close()
 
 

@@ -29,6 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     curate.add_argument("--config", required=True, type=Path, metavar="FILE", help="TOML file of CurateParams")
     curate.add_argument("--json", action="store_true", help="print the result as JSON")
+    curate.add_argument(
+        "--runner", metavar="local|dask[:ADDRESS]",
+        help="where partitions run: local, dask (a LocalCluster), dask:tcp://host:8786 (an existing scheduler)",
+    )
+    curate.add_argument("--workers", type=int, metavar="N", help="local processes, or LocalCluster workers")
     curate.set_defaults(handler=run_curate)
 
     datasets = subparsers.add_parser("datasets", help="list published dataset versions")
@@ -57,11 +62,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_curate(args: argparse.Namespace) -> int:
-    from flows.params import CurateParams
+    from pydantic import ValidationError
+
+    from flows.params import CurateParams, RunnerConfig, one_sentence
 
     params = CurateParams.from_toml(args.config)
     if args.repo:
         params.repository.spec = args.repo
+    if args.runner or args.workers:
+        runner = params.runner.model_dump() | {"spec": args.runner or params.runner.spec}
+        try:
+            params.runner = RunnerConfig.model_validate(runner | ({"workers": args.workers} if args.workers else {}))
+        except ValidationError as exc:
+            raise ValueError(f"--runner/--workers: {one_sentence(exc)}") from None
     curate_and_report(params, as_json=args.json)
     return 0
 

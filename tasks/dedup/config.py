@@ -47,6 +47,13 @@ class DedupConfig(BaseModel):
     bucket_window: int = Field(
         64, ge=1, description="in an LSH bucket, each document is compared with the next N"
     )
+    buckets: int = Field(
+        4,
+        ge=1,
+        le=1 << 16,
+        description="hash buckets of the dedup shuffle: each worker holds about 1/buckets of the "
+        "signatures and band keys; raise it with the corpus (results do not depend on it)",
+    )
     batch_bytes: int = Field(
         1 << 20,
         ge=1 << 12,

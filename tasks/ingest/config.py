@@ -81,11 +81,11 @@ class IngestConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sources: list[SourceConfig] = Field(default_factory=list)
-    rows_per_part: int = Field(default=20_000, ge=1, description="Rows per Parquet part of raw/SOURCE/.")
     partition_bytes: int = Field(
         default=16 * MiB,
         ge=1,
-        description="Input bytes per unit of work (file group, JSONL byte range, row groups).",
+        description="Input bytes per unit of work (file group, JSONL byte range, row groups); "
+        "each partition is one Prefect task and writes one raw/<source>/part-NNNNN.parquet.",
     )
     max_files_per_partition: int = Field(default=5_000, ge=1)
     max_doc_bytes: int = Field(
@@ -102,7 +102,6 @@ class IngestConfig(BaseModel):
     quarantine_text_chars: int = Field(
         default=10_000, ge=0, description="How much of a rejected document's text the quarantine keeps."
     )
-    workers: int = Field(default=1, ge=1, description="Processes working on partitions at once.")
     partition_retries: int = Field(
         default=2, ge=0, description="Retries of one failing partition before the stage fails."
     )

@@ -245,3 +245,12 @@ def plan_partitions(
         Partition(source.name, i, group, start, end, first)
         for i, (group, start, end, first) in enumerate(planner(files, config))
     ]
+
+
+def describe(partition: Partition) -> str:
+    """``partition 3 of source 'web' (a.jsonl [0:1048576])``: where a failure happened."""
+    where = (
+        partition.rel if len(partition.files) == 1 else f"{partition.rel} (+{len(partition.files) - 1} files)"
+    )
+    span = f" [{partition.start}:{partition.end}]" if partition.start or partition.end >= 0 else ""
+    return f"partition {partition.index} of source {partition.source!r} ({where}{span})"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +25,19 @@ import pyarrow as pa
 from formats import layout
 from formats.shards import HEADER_SIZE, Manifest, ShardEntry, dtype_for_vocab
 from tasks.gates import Coverage, GateCheck
-from tasks.parts import list_parts, list_sources, read_part
+from tasks.partition_map import partitions
+from tasks.parts import PartWriter, list_parts, list_sources, read_part
 from tasks.shard.config import ShardConfig
-from tasks.shard.pack import SAMPLED_OUT, STAGE, RowSpill, SourceOutcome, pack_source
-from tasks.stage import StageReport, StageWriter
-from tasks.tokenize import Encoder, TokenizerError, TrainingSample, train_tokenizer
+from tasks.shard.pack import STAGE, RowSpill, SourceOutcome, pack_source
+from tasks.stage import PartitionOutput, StageReport, StageWriter
+from tasks.tokenize import Encoder, TokenizerError, TrainingSample, load_tokenizer, train_tokenizer
 from tasks.tokenize import tokenizer_sha256 as sha256_of_tokenizer
 from versioning import DataRepo, DiskFull, NotFound
 from versioning.diskspace import disk_full_message, is_disk_full
 
 INPUT_PREFIX = layout.DEDUP
 REQUIRED_COLUMNS = ("id", "text")
-Progress = Callable[[float], None]  # fraction of the input parts done, 0..1
+Progress = Callable[[float], None]  # fraction of the sources done, 0..1
 MANIFEST_ROWS = pa.schema(
     [(column, pa.string()) for column in ("name", "source", "sha256", "dtype", "dtype_for_vocabulary")]
     + [
@@ -92,17 +94,60 @@ def prepare_tokenizer(
     return tokenizer_json, info | {"sha256": sha256_of_tokenizer(tokenizer_json)}
 
 
-def _read_source(
-    repo: DataRepo, ref: str, source: str, on_part: Callable[[], None] | None = None
-) -> Iterator[pa.Table]:
+def _read_source(repo: DataRepo, ref: str, source: str) -> Iterator[pa.Table]:
     for path in list_parts(repo, ref, layout.source_folder(INPUT_PREFIX, source)):
         table = read_part(repo, ref, path)
         missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
             raise ValueError(f"{path} lacks column(s) {', '.join(missing)}; re-run the dedup stage")
         yield table
-        if on_part is not None:
-            on_part()
+
+
+@dataclass(frozen=True)
+class ShardWork:
+    """One source, as a worker gets it: its documents at the input commit and the tokenizer."""
+
+    repo: DataRepo
+    branch: str
+    input_commit: str
+    source: str
+    tokenizer_json: str
+    config: ShardConfig
+
+
+def shard_one(work: ShardWork) -> PartitionOutput:
+    """One source's documents packed into ``shards/<source>/shard-NNNNN.bin`` and its quarantine
+    parts; the report carries the shard entries and the source's facts."""
+    repo, config, source = work.repo, work.config, work.source
+    started = time.perf_counter()
+    quarantine = PartWriter(repo, work.branch, layout.quarantine_folder(STAGE, source))
+    with (
+        Encoder(work.tokenizer_json, config.eod_token, config.workers) as encoder,
+        tempfile.TemporaryDirectory(prefix="tokenlake-shard-") as scratch,
+    ):
+        dtype = dtype_for_vocab(encoder.tokenizer.get_vocab_size(with_added_tokens=True))
+        spill = RowSpill(Path(scratch) / f"{source}.rows", config.seq_len + 1, dtype)
+
+        def read_tables(pass_number: int) -> Iterator[pa.Table]:
+            return _read_source(repo, work.input_commit, source)
+
+        try:
+            try:
+                outcome = pack_source(source, read_tables, encoder, config, spill, quarantine.write)
+            except BaseException:
+                spill.discard()
+                raise
+            stored = _store_shards(repo, work.branch, source, spill, Path(scratch), encoder.eod_id, config)
+        except OSError as exc:  # the local spill and shard files (the repository says its own)
+            if not is_disk_full(exc):
+                raise
+            needed = spill.rows * spill.row_len * spill.dtype.itemsize  # the shards copy the spill
+            raise DiskFull(disk_full_message(f"the shards of source {source!r} to", scratch, needed)) from None
+    quarantine.close()
+    # kept documents became tokens; sampled-out ones were only counted, the others quarantined
+    output = PartitionOutput(outcome.documents_in, outcome.kept, dict(outcome.rejected), source=source)
+    output.facts = _facts(outcome, stored, time.perf_counter() - started) | {"entries": stored}
+    return output
 
 
 def run_shard(
@@ -116,60 +161,28 @@ def run_shard(
         )
     stage = StageWriter(repo, branch, STAGE, clear=[layout.SHARDS, layout.TOKENIZER_FOLDER])
     tokenizer_json, tokenizer_info = prepare_tokenizer(repo, branch, input_commit, sources, config)
-    total_parts = sum(len(list_parts(repo, input_commit, layout.source_folder(INPUT_PREFIX, s))) for s in sources)
-    parts_done = 0
-
-    def part_done() -> None:
-        nonlocal parts_done
-        parts_done += 1
-        if progress is not None:
-            progress(min(parts_done / max(total_parts, 1), 1.0))
-
+    tokenizer, eod_id = load_tokenizer(tokenizer_json, config.eod_token)  # a missing EOD fails here, once
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    dtype = dtype_for_vocab(vocab_size)
+    work = [ShardWork(repo, branch, input_commit, source, tokenizer_json, config) for source in sources]
     entries: list[ShardEntry] = []
-    with (
-        Encoder(tokenizer_json, config.eod_token, config.workers) as encoder,
-        tempfile.TemporaryDirectory(prefix="tokenlake-shard-") as work,
-    ):
-        vocab_size = encoder.tokenizer.get_vocab_size(with_added_tokens=True)
-        dtype = dtype_for_vocab(vocab_size)
-        for source in sources:
+    for done, output in enumerate(partitions().map("shard-source", shard_one, work), start=1):
+        entries += output.facts.pop("entries")
+        with stage.source(output.source) as out:
+            out.absorb(output)
+            out.facts |= output.facts
+        if progress is not None:
+            progress(done / len(sources))
 
-            def read_tables(pass_number: int, source: str = source) -> Iterator[pa.Table]:
-                return _read_source(repo, input_commit, source, part_done if pass_number == 1 else None)
-
-            source_started = time.perf_counter()
-            spill = RowSpill(Path(work) / f"{source}.rows", config.seq_len + 1, dtype)
-            try:
-                with stage.source(source) as out:
-                    try:
-                        outcome = pack_source(source, read_tables, encoder, config, spill, out.quarantine)
-                    except BaseException:
-                        spill.discard()
-                        raise
-                    # kept documents become tokens, and sampled-out ones have no row to quarantine
-                    out.count(
-                        documents_in=outcome.documents_in,
-                        kept=outcome.kept,
-                        rejected={SAMPLED_OUT: outcome.rejected.get(SAMPLED_OUT, 0)},
-                    )
-                    stored = _store_shards(repo, branch, source, spill, Path(work), encoder.eod_id, config)
-                    out.facts |= _facts(outcome, stored, time.perf_counter() - source_started)
-            except OSError as exc:  # the local spill and shard files (the repository says its own)
-                if not is_disk_full(exc):
-                    raise
-                needed = spill.rows * spill.row_len * spill.dtype.itemsize  # the shards copy the spill
-                raise DiskFull(disk_full_message(f"the shards of source {source!r} to", work, needed)) from None
-            entries += stored
-
-        manifest = Manifest.build(
-            entries,
-            seq_len=config.seq_len,
-            dtype=dtype.name,
-            vocab_size=vocab_size,
-            eod_token=encoder.eod_id,
-            tokenizer_sha256=tokenizer_info["sha256"],
-            input_commit=input_commit,
-        )
+    manifest = Manifest.build(
+        entries,
+        seq_len=config.seq_len,
+        dtype=dtype.name,
+        vocab_size=vocab_size,
+        eod_token=eod_id,
+        tokenizer_sha256=tokenizer_info["sha256"],
+        input_commit=input_commit,
+    )
     stage.report.tokens = manifest.totals["tokens"]
     stage.gate(input_commit, [manifest_check(manifest)], Coverage.everything(len(manifest.shards), "shards"))
     repo.put(branch, layout.MANIFEST, manifest.to_json().encode())

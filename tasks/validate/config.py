@@ -60,7 +60,6 @@ class ValidateConfig(BaseModel):
     langid: LangIdConfig = Field(default_factory=LangIdConfig)
     classifier: ClassifierConfig = Field(default_factory=ClassifierConfig)
     gate: ValidateGateConfig = Field(default_factory=ValidateGateConfig)
-    rows_per_part: int = Field(default=20_000, ge=1)
     batch_rows: int = Field(default=1_000, ge=1, description="Documents whose signals are computed at once.")
 
     @model_validator(mode="after")

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from formats import layout
 from tasks.gates import DocumentSample
-from tasks.parts import iter_batches, read_parts
+from tasks.partition_map import partitions
+from tasks.parts import iter_batches, list_parts, read_part, read_parts
 from tasks.quality.classifier import load_factory
 from tasks.quality.code import CODE_RULES
 from tasks.quality.langid import check_languages
 from tasks.quality.prose import PROSE_RULES
 from tasks.schema import DOCUMENT_SCHEMA
-from tasks.stage import ConfigError, StageReport, StageWriter
+from tasks.stage import ConfigError, PartitionOutput, StageReport, StageWriter, write_partition
 from tasks.validate.config import ValidateConfig
 from tasks.validate.filters import SIGNAL_FIELDS, STAGE, ClassifierRule, FilterStats, apply_filters
 from versioning import DataRepo, NotFound
@@ -109,6 +111,46 @@ def train_classifier(
     return scorer, facts
 
 
+@dataclass(frozen=True)
+class ValidateWork:
+    """One input part of one source, as a worker gets it."""
+
+    repo: DataRepo
+    branch: str
+    input_commit: str
+    source: str
+    kind: str
+    path: str  # raw/<source>/part-NNNNN.parquet
+    config: ValidateConfig
+    rule: ClassifierRule | None
+
+
+def validate_one(work: ValidateWork) -> PartitionOutput:
+    """One raw part through the filters into ``filtered/<source>/`` under the same part name."""
+    table = read_part(work.repo, work.input_commit, work.path)
+    kept, quarantined, totals, languages = [], [], FilterStats(), Counter()
+    for batch in iter_batches([table], work.config.batch_rows):
+        k, q, stats = apply_filters(batch, work.source, work.kind, work.config, work.rule)
+        kept.append(k)
+        quarantined.append(q)
+        totals.add(stats)
+        languages.update(lang for lang in k.column("lang").to_pylist() if lang is not None)
+    output = write_partition(
+        work.repo,
+        work.branch,
+        STAGE,
+        layout.FILTERED,
+        work.source,
+        work.path.rsplit("/", 1)[1],
+        pa.concat_tables(kept, promote_options="default") if kept else pa.table({}),
+        pa.concat_tables(quarantined, promote_options="default") if quarantined else pa.table({"reason": pa.array([], pa.string())}),
+        work.config.gate.max_rows,
+        GATE_COLUMNS,
+    )
+    output.facts = {"failed": dict(totals.failed), "rules": totals.rules, "languages": dict(languages)}
+    return output
+
+
 def run_validate(repo: DataRepo, branch: str, input_commit: str, config: ValidateConfig) -> StageReport:
     """Filter every ingested source onto ``branch``; ValidateConfigError before any work,
     ExpectationsFailed (nothing committed) when the output breaks its expectations."""
@@ -121,26 +163,32 @@ def run_validate(repo: DataRepo, branch: str, input_commit: str, config: Validat
             raise ValidateConfigError(str(exc)) from None
 
     sample = DocumentSample(config.gate.max_rows, GATE_COLUMNS)
-    stage = StageWriter(
-        repo, branch, STAGE, documents=layout.FILTERED, rows_per_part=config.rows_per_part, sample=sample
-    )
+    stage = StageWriter(repo, branch, STAGE, documents=layout.FILTERED, sample=sample)
     scorer, stage.report.extra["classifier"] = train_classifier(repo, input_commit, config, sources)
     if scorer is not None and (model := scorer.to_bytes()) is not None:
         repo.put(branch, MODEL_PATH, model)
-    failed: dict[str, dict[str, int]] = {}  # source -> rule -> documents failing it
+    work = []
     for name, source in sources.items():
         rule = None
         if scorer is not None:
             rule = ClassifierRule(scorer, apply_keep=config.classifier.filter_reference or not source["reference"])
-        totals, languages = FilterStats(), Counter()
+        for path in list_parts(repo, input_commit, layout.source_folder(layout.RAW, name)):
+            work.append(ValidateWork(repo, branch, input_commit, name, source["kind"], path, config, rule))
+    outputs = list(
+        partitions().map("validate-part", validate_one, work, describe=lambda w: f"{w.path} at {input_commit[:12]}")
+    )
+
+    failed: dict[str, dict[str, int]] = {}  # source -> rule -> documents failing it
+    for name, source in sources.items():
+        rules, failures, languages = [], Counter(), Counter()
         with stage.source(name) as out:
-            raw = read_parts(repo, input_commit, layout.source_folder(layout.RAW, name))
-            for batch in iter_batches(raw, config.batch_rows):
-                kept, quarantined, stats = apply_filters(batch, name, source["kind"], config, rule)
-                out.write(kept, quarantined)
-                totals.add(stats)
-                languages.update(lang for lang in kept.column("lang").to_pylist() if lang is not None)
-            failed[name] = {rule_name: totals.failed.get(rule_name, 0) for rule_name in totals.rules}
+            for output in outputs:
+                if output.source == name:
+                    out.absorb(output)
+                    rules = rules or output.facts["rules"]
+                    failures.update(output.facts["failed"])
+                    languages.update(output.facts["languages"])
+            failed[name] = {rule_name: failures.get(rule_name, 0) for rule_name in rules}
             out.facts |= {
                 "kind": source["kind"],
                 "reference": source["reference"],

@@ -45,3 +45,32 @@ def test_the_ui_forms_show_every_description_as_written():
         descriptions = _descriptions(model.model_json_schema())
         assert len(descriptions) >= 3
         assert not [d for d in descriptions if re.search(r"<[A-Za-z/][^>]*>", d)], model.__name__
+
+
+@pytest.mark.parametrize(
+    ("runner", "error"),
+    [
+        ({"spec": "spark"}, r"runner\.spec: String should match pattern"),
+        ({"spec": "dask", "memory_limit": "2 gigs"}, r"memory_limit '2 gigs' is not a size: write e\.g\. 2GiB"),
+        ({"spec": "dask", "workers": 0}, r"runner\.workers: Input should be greater than or equal to 1"),
+    ],
+)
+def test_a_bad_runner_is_refused_in_one_sentence(tmp_path, runner, error):
+    config = tmp_path / "curate.toml"
+    config.write_text("[runner]\n" + "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in runner.items()))
+    with pytest.raises(ValueError, match=error):
+        CurateParams.from_toml(config)
+
+
+def test_a_scheduler_address_becomes_a_dask_task_runner_on_it():
+    from prefect_dask import DaskTaskRunner
+
+    from flows.runners import task_runner
+
+    params = CurateParams.model_validate({"runner": {"spec": "dask:tcp://scheduler:8786", "memory_limit": "2GiB"}})
+    runner = task_runner(params.runner.spec, params.runner.workers, params.runner.memory_limit)
+    assert isinstance(runner, DaskTaskRunner) and runner.address == "tcp://scheduler:8786"
+    local = task_runner("dask", 2, "512MiB")
+    assert local.cluster_kwargs == {
+        "n_workers": 2, "threads_per_worker": 1, "processes": True, "memory_limit": "512MiB", "dashboard_address": None
+    }

@@ -127,8 +127,13 @@ def test_stage_writes_survivors_quarantine_report_index_and_one_commit(repo, tmp
 
     (folder,) = run_folders(repo, result.commit_id, DedupConfig())
     assert folder.endswith(input_commit[:16])
-    index = read_all(repo, result.commit_id, folder)
-    assert index.num_rows == 9 and index.schema.field("signature").type.list_size == 256
+    documents_written = read_all(repo, result.commit_id, f"{folder}/documents")
+    contents_written = read_all(repo, result.commit_id, f"{folder}/contents")
+    assert documents_written.num_rows == 9, "every new document, bucketed by id"
+    assert contents_written.num_rows == 7, "every new text once (b, b_ws and b_code share one), bucketed by content"
+    assert contents_written.schema.field("signature").type.list_size == 256
+    assert json.loads(repo.get(result.commit_id, f"{folder}/run.json"))["buckets"] == DedupConfig().buckets
+    assert not list(repo.list(result.commit_id, "_scratch/")), "the shuffle's scratch files are not committed"
 
 
 def test_a_new_version_is_deduplicated_against_published_ones_without_rehashing(repo, tmp_path):

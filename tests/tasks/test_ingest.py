@@ -20,8 +20,8 @@ from tasks.ingest import (
     run_ingest,
 )
 from tasks.ingest.normalize import normalize_texts
-from tasks.ingest.runner import PartitionFailed, run_partitions, with_retries
 from tasks.ingest.task import ingest_task
+from tasks.partition_map import PartitionFailed, use, with_retries
 from tasks.parts import read_parts
 from tasks.schema import DOCUMENT_SCHEMA, document_id
 from tasks.stage import ConfigError, run_stage
@@ -129,18 +129,30 @@ def test_invalid_config_values_name_the_field() -> None:
         IngestConfig(sources=[SourceConfig(name="a", kind="prose", format="files", path=".")] * 2)
 
 
-def test_worker_processes_give_the_same_output_in_the_same_order(tmp_path: Path) -> None:
+def test_worker_processes_give_the_same_parts_as_one_process(tmp_path: Path, prefect_harness) -> None:
+    from prefect.task_runners import ProcessPoolTaskRunner
+
+    from tasks.partition_task import OnTaskRunner
+
+    (tmp_path / "src").mkdir()
     for i in range(40):
-        (tmp_path / f"f{i:02d}.txt").write_text(f"{TEXT} {i}")
-    source = SourceConfig(name="f", kind="prose", format="files", path=str(tmp_path))
-    inline = IngestConfig(sources=[source], max_files_per_partition=5)
-    pooled = inline.model_copy(update={"workers": 2})
-    partitions = plan_partitions(source, inline)
-    assert len(partitions) == 8
-    one = [(p.index, k, q) for p, k, q in run_partitions(source, partitions, inline)]
-    two = [(p.index, k, q) for p, k, q in run_partitions(source, partitions, pooled)]
-    assert [i for i, _, _ in two] == list(range(8))
-    assert all(a[1].equals(b[1]) and a[2].equals(b[2]) for a, b in zip(one, two, strict=True))
+        (tmp_path / "src" / f"f{i:02d}.txt").write_text(f"{TEXT} {i}")
+    source = SourceConfig(name="f", kind="prose", format="files", path=str(tmp_path / "src"))
+    config = IngestConfig(sources=[source], max_files_per_partition=5)
+    assert len(plan_partitions(source, config)) == 8
+    contents = []
+    for name, runner in [("inline", None), ("pooled", ProcessPoolTaskRunner(max_workers=2))]:
+        repo = open_repo(str(tmp_path / f"repo-{name}"))
+        if runner is None:
+            result = run_stage(run_ingest, repo, "main", repo.resolve("main"), config)
+        else:
+            with runner, use(OnTaskRunner(runner)):
+                result = run_stage(run_ingest, repo, "main", repo.resolve("main"), config)
+        paths = [o.path for o in repo.list(result.commit_id, "raw/")]
+        contents.append({p: repo.get(result.commit_id, p) for p in paths})
+        assert result.report["kept"] == 40
+    assert list(contents[0]) == [f"raw/f/part-{i:05d}.parquet" for i in range(8)], "one part per partition"
+    assert contents[0] == contents[1], "the same bytes from one process and from two worker processes"
 
 
 def test_a_failing_partition_is_retried_alone_then_fails_with_its_name() -> None:
@@ -181,7 +193,7 @@ def test_ingest_stage_writes_parts_quarantine_report_and_commit(
     repo = open_repo(str(tmp_path / "repo"))
     repo.create_branch("curate-a", "main")
     base = repo.resolve("curate-a")
-    config = IngestConfig(sources=sources, rows_per_part=3)
+    config = IngestConfig(sources=sources, max_files_per_partition=3, partition_bytes=250)  # one part per partition
 
     result = ingest_task.fn(str(tmp_path / "repo"), "curate-a", config, base, "run-1")
 
@@ -193,7 +205,7 @@ def test_ingest_stage_writes_parts_quarantine_report_and_commit(
         "raw/lines/part-00000.parquet",
         "raw/lines/part-00001.parquet",
     ]
-    assert "quarantine/ingest/docs/part-00000.parquet" in paths
+    assert "quarantine/ingest/docs/part-00002.parquet" in paths, "named after its partition, like the kept part"
     assert "reports/data_docs/ingest/index.html" in paths
     raw = pa.concat_tables(read_parts(repo, result.commit_id, "raw/docs"))
     assert raw.num_rows == 7 and raw.schema == DOCUMENT_SCHEMA
@@ -210,7 +222,7 @@ def test_ingest_stage_writes_parts_quarantine_report_and_commit(
     assert meta["gate"] == "passed" and meta["gate_summary"].startswith("passed")
 
     # a re-run on the same branch replaces the outputs instead of adding to them
-    again = run_stage(run_ingest, repo, "curate-a", result.commit_id, config.model_copy(update={"rows_per_part": 100}))
+    again = run_stage(run_ingest, repo, "curate-a", result.commit_id, IngestConfig(sources=sources))
     assert [o.path for o in repo.list(again.commit_id, "raw/")] == [
         "raw/docs/part-00000.parquet",
         "raw/lines/part-00000.parquet",

@@ -6,7 +6,6 @@ crash test starts two dozen of them.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -105,7 +104,7 @@ class ConsistencyCheck:
             if stat.checksum in self.objects:
                 assert self.objects[stat.checksum] == stat.size, f"{ref}:{stat.path} size differs"
                 continue
-            digest = hashlib.sha256()
+            digest = objects.OBJECT_HASHES[repo.object_hash]()
             size = 0
             with repo.open(ref, stat.path) as reader:
                 while chunk := reader.read(1 << 20):

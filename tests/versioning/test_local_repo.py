@@ -38,9 +38,9 @@ def blob_files(repo: LocalRepo) -> list[Path]:
     return [p for p in (repo.root / "objects").glob("??/*") if p.is_file()]
 
 
-def test_objects_are_stored_once_under_their_sha256(local: LocalRepo):
+def test_objects_are_stored_once_under_their_digest(local: LocalRepo):
     data = b"content-addressed"
-    digest = hashlib.sha256(data).hexdigest()
+    digest = objects.digest_of(local.object_hash, data)
     assert local.put("main", "a", data).checksum == digest
     local.put("main", "b/c", data)
     local.commit("main", "twice the same bytes")
@@ -50,6 +50,40 @@ def test_objects_are_stored_once_under_their_sha256(local: LocalRepo):
     assert not blob.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
     assert list((local.root / "objects" / "tmp").iterdir()) == []
     assert local.open("main", "b/c").name == str(blob)  # a real file on the blob, not a copy
+
+
+def test_the_object_hash_is_recorded_once_and_kept(tmp_path: Path):
+    new = LocalRepo(tmp_path / "new")
+    new.ensure()
+    assert new.object_hash == objects.NEW_REPOSITORY_HASH == "blake3"
+    assert new.put("main", "a", b"x").checksum == objects.digest_of("blake3", b"x")
+    old = LocalRepo(tmp_path / "old")
+    old.ensure()
+    with old._db.write() as conn:  # what a repository made before format 2 looks like
+        conn.execute("DELETE FROM meta WHERE key='object_hash'")
+    reopened = LocalRepo(tmp_path / "old")
+    reopened.ensure()
+    assert reopened.object_hash == "sha256", "an existing repository keeps its object ids"
+    assert reopened.put("main", "a", b"x").checksum == hashlib.sha256(b"x").hexdigest()
+
+
+def test_a_commit_is_the_first_call_of_a_fresh_handle(tmp_path: Path):
+    LocalRepo(tmp_path / "repo").ensure()
+    fresh = LocalRepo(tmp_path / "repo")  # its object store is opened lazily, inside the commit
+    fresh.create_branch("lock", "main")
+    commit = fresh.commit("lock", "an empty commit, as the publish lock makes", {"stage": "lock"}, allow_empty=True)
+    assert fresh.resolve("lock") == commit.id
+
+
+def test_staged_objects_become_durable_at_commit(local: LocalRepo):
+    data = os.urandom(3 << 20)
+    digest = local.put("main", "big", data).checksum
+    assert (local.root / "objects" / "pending" / digest).is_file(), "complete, not yet fsynced"
+    assert local.get("main", "big") == data, "a staged object reads back before its commit"
+    assert not (local.root / "objects" / digest[:2] / digest[2:]).exists()
+    local.commit("main", "one syncfs for every object it makes durable")
+    assert (local.root / "objects" / digest[:2] / digest[2:]).read_bytes() == data
+    assert list((local.root / "objects" / "pending").iterdir()) == []
 
 
 def test_name_defaults_to_the_sanitised_directory_name(tmp_path: Path):
@@ -98,11 +132,11 @@ def test_streams_cross_chunk_boundaries(tmp_path: Path, small_chunks: None, dura
         repo.put("main", "from-offset", handle)
         assert handle.tell() == len(data)
     assert {s.path: s.checksum for s in repo.list("main")} == {
-        "from-bytes": hashlib.sha256(data).hexdigest(),
-        "from-bytesio": hashlib.sha256(data).hexdigest(),
-        "from-offset": hashlib.sha256(data[3:]).hexdigest(),
-        "from-path": hashlib.sha256(data).hexdigest(),
-        "short-reads": hashlib.sha256(data).hexdigest(),
+        "from-bytes": objects.digest_of(repo.object_hash, data),
+        "from-bytesio": objects.digest_of(repo.object_hash, data),
+        "from-offset": objects.digest_of(repo.object_hash, data[3:]),
+        "from-path": objects.digest_of(repo.object_hash, data),
+        "short-reads": objects.digest_of(repo.object_hash, data),
     }
     assert repo.get("main", "from-offset") == data[3:]
     assert repo.get("main", "short-reads") == data
@@ -117,7 +151,7 @@ def test_falls_back_when_the_kernel_cannot_copy(
     monkeypatch.setattr(os, "copy_file_range", unsupported)
     data = os.urandom(50_000)
     (tmp_path / "source").write_bytes(data)
-    assert local.put("main", "x", tmp_path / "source").checksum == hashlib.sha256(data).hexdigest()
+    assert local.put("main", "x", tmp_path / "source").checksum == objects.digest_of(local.object_hash, data)
     assert local.get("main", "x") == data
     with open(tmp_path / "source", "rb") as handle:
         handle.read(3)  # the reader's buffer now holds bytes past position 3

@@ -96,6 +96,11 @@ class LakeFSRepo:
     def __repr__(self) -> str:
         return f"LakeFSRepo(endpoint={self.endpoint!r}, repository={self.name!r})"
 
+    def __reduce__(self) -> tuple:
+        """Pickled as its repository name only: a worker connects again with its own lakectl
+        configuration, so keys never travel to (or through) a cluster."""
+        return (LakeFSRepo.from_lakectl, (self.name,))
+
     def _call(self, action: str, fn: Callable[[], T]) -> T:
         return self._retry.call(action, fn)
 

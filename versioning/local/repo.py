@@ -44,7 +44,7 @@ from versioning.diskspace import DiskFull
 from versioning.local import graph, trees
 from versioning.local.actions import MergeEvent, check_pre_merge
 from versioning.local.db import Database
-from versioning.local.objects import ObjectStore
+from versioning.local.objects import NEW_REPOSITORY_HASH, ObjectStore
 from versioning.port import (
     Change,
     Commit,
@@ -76,15 +76,46 @@ _GO_SPACE = re.compile(r"[\t\n\f\r ]")
 class LocalRepo:
     """A DataRepo in a local directory, safe for many threads and processes at once."""
 
-    def __init__(self, root: Path | str, name: str | None = None, *, durable: bool = True):
-        """``durable=False`` skips fsync: still safe against a killed process, not a power loss."""
+    def __init__(
+        self, root: Path | str, name: str | None = None, *, durable: bool = True, object_hash: str | None = None
+    ):
+        """``durable=False`` skips fsync: still safe against a killed process, not a power loss.
+        ``object_hash`` names the objects of a repository that ``ensure()`` creates (default
+        :data:`~versioning.local.objects.NEW_REPOSITORY_HASH`); an existing one keeps its own."""
+        self._new_object_hash = object_hash or NEW_REPOSITORY_HASH
         self.root = Path(root).expanduser().resolve()
         self.name = validate_repo_name(name) if name is not None else _name_from_directory(self.root)
         self._db = Database(self.root / "repo.db")
-        self._objects = ObjectStore(self.root, durable=durable)
+        self._durable = durable
+        self._store: ObjectStore | None = None  # known once the database says which object hash
 
     def __repr__(self) -> str:
         return f"LocalRepo({str(self.root)!r}, name={self.name!r})"
+
+    def __reduce__(self) -> tuple:
+        """Pickled as its directory, name and durability: a worker process opens it again
+        (its database connection never travels)."""
+        return (LocalRepo, (str(self.root), self.name), {"durable": self._durable})
+
+    def __setstate__(self, state: dict) -> None:
+        self._durable = state["durable"]
+
+    @property
+    def object_hash(self) -> str:
+        """The hash that names this repository's objects: ``blake3`` (format 2, new repositories)
+        or ``sha256`` (repositories made before it); fixed for the repository's life."""
+        return self._objects.algorithm
+
+    @property
+    def _objects(self) -> ObjectStore:
+        if self._store is None:
+            algorithm = "sha256"
+            if self._db.exists():
+                with self._db.read() as conn:
+                    row = conn.execute("SELECT value FROM meta WHERE key='object_hash'").fetchone()
+                algorithm = row[0] if row else "sha256"
+            self._store = ObjectStore(self.root, durable=self._durable, algorithm=algorithm)
+        return self._store
 
     def __enter__(self) -> LocalRepo:
         return self
@@ -102,7 +133,6 @@ class LocalRepo:
             raise Conflict(f"repository path {self.root} exists and is not a directory")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            self._objects.create()
         except OSError as exc:
             raise RepoError(f"cannot create a repository at {self.root}: {exc.strerror}") from exc
         self._db.create_schema()
@@ -112,6 +142,12 @@ class LocalRepo:
                 conn.execute("INSERT INTO branches(name, head) VALUES (?, ?)", (default_branch, row.id))
                 conn.execute("INSERT INTO meta(key, value) VALUES ('default_branch', ?)", (default_branch,))
                 conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('name', ?)", (self.name,))
+                conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('object_hash', ?)", (self._new_object_hash,))
+        self._store = None  # the object hash is recorded now
+        try:
+            self._objects.create()
+        except OSError as exc:
+            raise RepoError(f"cannot create a repository at {self.root}: {exc.strerror}") from exc
         self._objects.sweep_temp_files()
 
     # refs
@@ -276,9 +312,11 @@ class LocalRepo:
     ) -> Commit:
         validate_branch(branch)
         metadata = validate_metadata(metadata)
+        objects = self._objects  # opened outside the write transaction (it reads the object hash)
         with self._db.write() as conn:
             head = self._commit(conn, self._branch_head(conn, branch))
             staged = self._staged(conn, branch, "")
+            objects.make_durable({entry[0] for _, entry in staged if entry is not None})
             # As lakeFS (pkg/graveler/committed/commit.go): a staged entry equal to the
             # committed one is no change, so re-uploading the same bytes commits nothing.
             tree = trees.apply_changes(conn, head.tree, dict(staged))

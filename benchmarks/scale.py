@@ -1,0 +1,396 @@
+"""Past one machine, measured on this one: the curate stages on 1 and 2 Dask worker processes,
+the Prefect + Dask overhead per partition task, and dedup over a corpus far larger than one
+worker's memory limit.
+
+1. **Scaling.** A generated corpus (JSONL sources of prose with planted duplicates) goes through
+   ingest + validate, dedup and shard (``run_stage``, partitions as Prefect tasks on a
+   ``DaskTaskRunner``) on a ``LocalCluster`` of 1, then 2 worker processes (one thread each).
+   Per stage group: seconds, documents/s and MB/s, and the same per core (per worker). The
+   2-worker run must publish the same bytes as the 1-worker run (checked).
+2. **Overhead.** A no-op partition mapped 40 times on the 1-worker cluster: wall seconds per
+   task is what Prefect (task run, states) and Dask (scheduling, transfer) add to each
+   partition. Against the measured work per byte of ingest + validate it gives the overhead at
+   a partition size and the smallest partition for which it stays under 5%.
+3. **Memory bar** (a subprocess, so its peak RSS is its own): ``--memory-docs`` short documents
+   are deduplicated on a 2-worker ``LocalCluster`` whose ``memory_limit`` (Dask's nanny kills a
+   worker past 95% of it) is ``--memory-limit``; the in-memory plan would hold their signatures
+   and band keys, ``(num_perm * 4 + bands * 8)`` bytes each. Peak RSS of the process that runs
+   the stage and of each worker (``ru_maxrss``, worker pids checked unchanged: no worker was
+   killed). A corpus that fits (``--check-docs``) is deduplicated both ways and must give the
+   same decisions.
+
+The machine is shared and small: the load average is recorded, and 2 worker processes on 2
+busy cores cannot show a clean 2x. Results: ``benchmarks/results/scale.json``. Last line:
+``scale: speedup_2w=<x> overhead=<y>% dedup_peak_rss_mb=<z>`` (overhead at the default 16 MiB
+ingest partition; the largest peak RSS of the memory bar's workers and stage process).
+
+    .venv/bin/python benchmarks/scale.py [--mb 24] [--memory-docs 500000] [--memory-limit 600MiB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_HOME", str(ROOT / ".prefect" / "benchmark"))
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "ERROR")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tests.flows.curate_support import prose_document  # noqa: E402 - sentences the quality rules accept
+
+RESULTS = ROOT / "benchmarks" / "results"
+DEFAULT_PARTITION = 16 * 2**20  # IngestConfig.partition_bytes
+WORDS = [f"{a}{b}{c}" for a in "bcdfghjklmnprstvz" for b in "aeiou" for c in "lmnrst"]
+
+
+def document(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def write_sources(root: Path, megabytes: float, sources: int = 4, seed: int = 0) -> list[dict[str, Any]]:
+    """``sources`` JSONL files of prose (~2 KB documents), 10% exact and 10% near copies."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    per_source = int(megabytes * 1e6 / sources)
+    configs = []
+    for s in range(sources):
+        path = root / f"source{s}.jsonl"
+        written, texts = 0, []
+        with path.open("w") as out:
+            while written < per_source:
+                roll = rng.random()
+                if texts and roll < 0.1:
+                    text = rng.choice(texts)
+                elif texts and roll < 0.2:
+                    words = rng.choice(texts).split()
+                    words[rng.randrange(len(words))] = "edited"
+                    text = " ".join(words)
+                else:
+                    text = prose_document(rng, rng.randint(200, 450))
+                    texts.append(text)
+                line = json.dumps({"text": text}) + "\n"
+                out.write(line)
+                written += len(line)
+        configs.append({"name": f"web{s}", "kind": "prose", "format": "jsonl", "path": str(path)})
+    return configs
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cluster_runner(workers: int, memory_limit: str = "auto"):
+    from flows.runners import partitions_on
+
+    return partitions_on("dask", workers, memory_limit)
+
+
+def run_stages(work: Path, sources: list[dict[str, Any]], workers: int, corpus_bytes: int) -> dict[str, Any]:
+    """ingest + validate, dedup, shard on a fresh repository; seconds and rates per stage group."""
+    from tasks.dedup.config import DedupConfig
+    from tasks.dedup.stage import run_dedup
+    from tasks.ingest.config import IngestConfig
+    from tasks.ingest.stage import run_ingest
+    from tasks.shard.config import ShardConfig
+    from tasks.shard.stage import run_shard
+    from tasks.stage import run_stage
+    from tasks.validate.config import ValidateConfig
+    from tasks.validate.stage import run_validate
+    from versioning.local import LocalRepo
+
+    repo = LocalRepo(work / f"repo-{workers}w")
+    repo.ensure()
+    partition = max(corpus_bytes // 24, 1 << 16)
+    ingest = IngestConfig.model_validate({"sources": sources, "partition_bytes": partition})
+    groups: dict[str, Any] = {}
+    with cluster_runner(workers):
+        head = repo.resolve("main")
+        started = time.perf_counter()
+        ingested = run_stage(run_ingest, repo, "main", head, ingest)
+        validated = run_stage(run_validate, repo, "main", ingested.commit_id, ValidateConfig())
+        groups["ingest+validate"] = (time.perf_counter() - started, ingested.report["documents_in"])
+        started = time.perf_counter()
+        deduped = run_stage(run_dedup, repo, "main", validated.commit_id, DedupConfig(buckets=8))
+        groups["dedup"] = (time.perf_counter() - started, deduped.report["documents_in"])
+        started = time.perf_counter()
+        sharded = run_stage(run_shard, repo, "main", deduped.commit_id, ShardConfig(vocab_size=2048))
+        groups["shard"] = (time.perf_counter() - started, sharded.report["documents_in"])
+    manifest = json.loads(repo.get(sharded.commit_id, "shards/manifest.json"))
+    text_mb = {
+        "ingest+validate": corpus_bytes / 1e6,
+        "dedup": deduped.report["extra"]["shingled_megabytes"],
+        "shard": sharded.report["extra"]["text_megabytes"],
+    }
+    result = {
+        "workers": workers,
+        "ingest_partitions": ingested.report["per_source"]["web0"]["partitions"] * len(sources),
+        "ingest_partition_bytes": partition,
+        "shards": {s["name"]: s["sha256"] for s in manifest["shards"]},
+        "shard_bytes": sum(s["bytes"] for s in manifest["shards"]),
+        "tokens": manifest["totals"]["tokens"],
+        "dedup": {k: deduped.report["extra"].get(k) for k in ("contents", "candidate_pairs", "verified_pairs", "bands")}
+        | {"index_bytes": sum(s.size for s in repo.list(deduped.commit_id, "index/minhash/")),
+           "index_objects": sum(1 for _ in repo.list(deduped.commit_id, "index/minhash/"))},
+        "objects_changed_per_stage_commit": {
+            stage: len(repo.diff(before, after)) for stage, before, after in
+            (("ingest", head, ingested.commit_id), ("validate", ingested.commit_id, validated.commit_id),
+             ("dedup", validated.commit_id, deduped.commit_id), ("shard", deduped.commit_id, sharded.commit_id))
+        },
+        "documents": {
+            "ingested": ingested.report["kept"],
+            "validated": validated.report["kept"],
+            "deduplicated": deduped.report["kept"],
+        },
+        "stages": {},
+    }
+    for name, (seconds, documents) in groups.items():
+        result["stages"][name] = {
+            "seconds": round(seconds, 3),
+            "documents": documents,
+            "megabytes": round(text_mb[name], 3),
+            "docs_per_s": round(documents / seconds, 1),
+            "mb_per_s": round(text_mb[name] / seconds, 3),
+            "docs_per_s_per_core": round(documents / seconds / workers, 1),
+            "mb_per_s_per_core": round(text_mb[name] / seconds / workers, 3),
+        }
+    repo.close()
+    return result
+
+
+def noop(item: int) -> int:
+    return item
+
+
+def task_overhead(tasks: int = 40) -> float:
+    """Seconds per partition task of a 1-worker cluster when the work itself is nothing."""
+    from tasks.partition_map import partitions
+
+    with cluster_runner(1):
+        list(partitions().map("noop", noop, list(range(4))))  # warm: imports on the worker
+        started = time.perf_counter()
+        assert list(partitions().map("noop", noop, list(range(tasks)))) == list(range(tasks))
+        return (time.perf_counter() - started) / tasks
+
+
+# ---- the memory bar (run in a subprocess) --------------------------------------------------
+
+
+def short_documents(first: int, count: int, seed: int) -> Any:
+    """``count`` short documents (~45 words); every 10th a near copy of an earlier one in its part."""
+    import pyarrow as pa
+
+    from tasks.schema import document_id
+
+    rng = random.Random(seed * 1_000_003 + first)
+    texts = []
+    for i in range(count):
+        if i % 10 == 9:
+            words = texts[rng.randrange(len(texts))].split()
+            words[rng.randrange(len(words))] = "edited"
+            texts.append(" ".join(words))
+        else:
+            texts.append(document(rng, rng.randint(35, 55)))
+    locators = [f"doc-{first + i:09d}" for i in range(count)]
+    return pa.table(
+        {
+            "id": [document_id("web", loc) for loc in locators],
+            "source": ["web"] * count,
+            "text": texts,
+            "locator": locators,
+            "meta": ["{}"] * count,
+        }
+    )
+
+
+def put_corpus(repo: Any, documents: int, per_part: int = 5_000, seed: int = 1) -> str:
+    from tasks.parts import put_table
+
+    for part, first in enumerate(range(0, documents, per_part)):
+        table = short_documents(first, min(per_part, documents - first), seed)
+        put_table(repo, "main", f"filtered/web/part-{part:05d}.parquet", table)
+    return repo.commit("main", f"{documents} filtered documents", {"stage": "validate"}).id
+
+
+def worker_peaks() -> dict[str, Any]:
+    import psutil
+
+    return {"pid": os.getpid(), "peak_rss_mb": peak_rss_mb(), "rss_mb": psutil.Process().memory_info().rss / 2**20}
+
+
+def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Dedup of ``--memory-docs`` documents on a 2-worker cluster limited to ``--memory-limit``."""
+    import pyarrow as pa
+    from dask.utils import parse_bytes
+
+    from tasks.dedup import DedupConfig, deduplicate
+    from tasks.dedup.stage import run_dedup
+    from tasks.parts import read_parts
+    from tasks.stage import run_stage
+    from versioning.local import LocalRepo
+
+    config = DedupConfig(buckets=args.memory_buckets)
+    bands, _ = config.banding
+    limit = parse_bytes(args.memory_limit)
+    out: dict[str, Any] = {"documents": args.memory_docs, "memory_limit_mb": round(limit / 2**20, 1),
+                           "buckets": config.buckets}
+    with cluster_runner(2, args.memory_limit) as runner:
+        client = runner.client
+        idle = client.run(worker_peaks)
+
+        # a corpus that fits: the shuffle and the in-memory plan decide the same
+        small = LocalRepo(work / "small")
+        small.ensure()
+        commit = put_corpus(small, args.check_docs, per_part=5_000, seed=2)
+        result = run_stage(run_dedup, small, "main", commit, config)
+        kept, quarantined, _ = deduplicate(list(read_parts(small, commit, "filtered/web")), config)
+        stored = pa.concat_tables(read_parts(small, result.commit_id, "dedup"))
+        stored_kept = sorted(zip(stored.column("id").to_pylist(), stored.column("dup_cluster").to_pylist(), strict=True))
+        expected_kept = sorted(zip(kept.column("id").to_pylist(), kept.column("dup_cluster").to_pylist(), strict=True))
+        out["check"] = {
+            "documents": args.check_docs,
+            "removed": quarantined.num_rows,
+            "identical_to_in_memory": stored_kept == expected_kept and result.report["kept"] == kept.num_rows,
+        }
+
+        repo = LocalRepo(work / "big")
+        repo.ensure()
+        started = time.perf_counter()
+        commit = put_corpus(repo, args.memory_docs)
+        out["generate_seconds"] = round(time.perf_counter() - started, 1)
+        rss_before = peak_rss_mb()
+        started = time.perf_counter()
+        result = run_stage(run_dedup, repo, "main", commit, config)
+        out["dedup_seconds"] = round(time.perf_counter() - started, 1)
+        peaks = client.run(worker_peaks)
+    out["removed"] = result.report["documents_in"] - result.report["kept"]
+    out["workers"] = [
+        {"peak_rss_mb": round(p["peak_rss_mb"], 1), "idle_rss_mb": round(idle[a]["rss_mb"], 1)}
+        for a, p in peaks.items()
+        if a in idle
+    ]
+    out["workers_restarted"] = sorted(peaks) != sorted(idle) or any(
+        peaks[a]["pid"] != idle[a]["pid"] for a in peaks if a in idle
+    )
+    out["stage_process_peak_rss_mb"] = round(peak_rss_mb(), 1)
+    out["stage_process_peak_rss_before_dedup_mb"] = round(rss_before, 1)
+    in_memory_bytes = args.memory_docs * (config.num_perm * 4 + bands * 8)
+    out["in_memory_signatures_and_band_keys_mb"] = round(in_memory_bytes / 2**20, 1)
+    out["corpus_over_memory_limit"] = round(in_memory_bytes / limit, 2)
+    idle_rss = max(w["idle_rss_mb"] for w in out["workers"]) * 2**20
+    out["corpus_over_limit_minus_idle_worker"] = round(in_memory_bytes / max(limit - idle_rss, 1), 2)
+    out["text_mb"] = result.report["extra"]["shingled_megabytes"]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=float, default=24.0, help="corpus of the scaling runs, MB of JSONL")
+    parser.add_argument("--memory-docs", type=int, default=500_000, help="documents of the memory bar")
+    parser.add_argument("--memory-limit", default="600MiB", help="LocalCluster memory_limit per worker")
+    parser.add_argument("--memory-buckets", type=int, default=64, help="DedupConfig.buckets of the memory bar")
+    parser.add_argument("--check-docs", type=int, default=30_000, help="documents of the in-memory comparison")
+    parser.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--skip-memory", action="store_true", help="scaling and overhead only")
+    parser.add_argument("--output", type=Path, default=RESULTS / "scale.json")
+    args = parser.parse_args()
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    if args.memory_only:
+        with (
+            prefect_test_harness(server_startup_timeout=180),
+            tempfile.TemporaryDirectory(prefix="tokenlake-scale-memory-") as work,
+        ):
+            print(json.dumps(memory_bar(args, Path(work))))
+        return 0
+
+    load_before = os.getloadavg()
+    with (
+        tempfile.TemporaryDirectory(prefix="tokenlake-scale-") as temporary,
+        prefect_test_harness(server_startup_timeout=180),
+    ):
+        work = Path(temporary)
+        sources = write_sources(work / "sources", args.mb)
+        corpus_bytes = sum(Path(s["path"]).stat().st_size for s in sources)
+        runs = {w: run_stages(work, sources, w, corpus_bytes) for w in (1, 2)}
+        overhead_s = task_overhead()
+    assert runs[1]["shards"] == runs[2]["shards"], "1 and 2 workers must write the same shards"
+
+    one, two = runs[1]["stages"], runs[2]["stages"]
+    total = {w: sum(s["seconds"] for s in runs[w]["stages"].values()) for w in (1, 2)}
+    speedup = total[1] / total[2]
+    rate = one["ingest+validate"]["megabytes"] * 1e6 / one["ingest+validate"]["seconds"]  # bytes/s, 1 core
+    work_per_default = DEFAULT_PARTITION / rate
+    work_per_bench = runs[1]["ingest_partition_bytes"] / rate
+    overhead = {
+        "seconds_per_task": round(overhead_s, 4),
+        "ingest_validate_bytes_per_s_per_core": round(rate),
+        "at_default_16MiB_partition_percent": round(100 * overhead_s / work_per_default, 2),
+        "at_benchmark_partition_percent": round(100 * overhead_s / work_per_bench, 2),
+        "benchmark_partition_bytes": runs[1]["ingest_partition_bytes"],
+        "partition_bytes_for_5_percent": int(overhead_s * rate / 0.05),
+    }
+
+    memory: dict[str, Any] = {"skipped": True}
+    if not args.skip_memory:
+        command = [sys.executable, __file__, "--memory-only", "--memory-docs", str(args.memory_docs),
+                   "--memory-limit", args.memory_limit, "--memory-buckets", str(args.memory_buckets),
+                   "--check-docs", str(args.check_docs)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            memory = json.loads(done.stdout.strip().splitlines()[-1])
+        else:
+            print(done.stdout[-3000:], done.stderr[-6000:], file=sys.stderr)
+            memory = {"failed": done.stderr.strip().splitlines()[-1:], "returncode": done.returncode}
+
+    load_after = os.getloadavg()
+    print(f"load average: start {load_before}, end {load_after}, {os.cpu_count()} cpus")
+    print(f"{'stage':<16}{'1w s':>8}{'2w s':>8}{'speedup':>9}{'docs/s/core 1w':>16}{'MB/s/core 1w':>14}{'MB/s/core 2w':>14}")
+    for name in one:
+        print(f"{name:<16}{one[name]['seconds']:>8.1f}{two[name]['seconds']:>8.1f}"
+              f"{one[name]['seconds'] / two[name]['seconds']:>9.2f}{one[name]['docs_per_s_per_core']:>16.0f}"
+              f"{one[name]['mb_per_s_per_core']:>14.2f}{two[name]['mb_per_s_per_core']:>14.2f}")
+    print(f"overhead per partition task (Prefect + Dask): {overhead_s * 1000:.0f} ms; "
+          f"{overhead['at_default_16MiB_partition_percent']}% of a 16 MiB ingest+validate partition; "
+          f"under 5% from {overhead['partition_bytes_for_5_percent'] / 2**20:.1f} MiB")
+    peak = None
+    if "workers" in memory:
+        peak = max([w["peak_rss_mb"] for w in memory["workers"]] + [memory["stage_process_peak_rss_mb"]])
+        print(f"memory bar: {memory['documents']:,} documents ({memory['in_memory_signatures_and_band_keys_mb']:.0f} MB "
+              f"of signatures + band keys in memory, {memory['corpus_over_memory_limit']}x the {memory['memory_limit_mb']:.0f} MiB "
+              f"worker limit) deduplicated in {memory['dedup_seconds']} s; worker peaks "
+              f"{[w['peak_rss_mb'] for w in memory['workers']]} MB, stage process {memory['stage_process_peak_rss_mb']} MB; "
+              f"same decisions as in memory on {memory['check']['documents']:,}: {memory['check']['identical_to_in_memory']}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({
+        "benchmark": "scale",
+        "parameters": {"mb": args.mb, "memory_docs": args.memory_docs, "memory_limit": args.memory_limit,
+                       "memory_buckets": args.memory_buckets, "check_docs": args.check_docs},
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_average_start": load_before, "load_average_end": load_after},
+        "runs": {str(w): r for w, r in runs.items()},
+        "speedup_2_workers": round(speedup, 3),
+        "overhead": overhead,
+        "memory_bar": memory,
+    }, indent=2) + "\n")
+    print(f"scale: speedup_2w={speedup:.2f} overhead={overhead['at_default_16MiB_partition_percent']}% "
+          f"dedup_peak_rss_mb={peak if peak is not None else 'n/a'}")
+    return 1 if "failed" in memory else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

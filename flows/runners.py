@@ -1,0 +1,60 @@
+"""Where a curate run's partitions run: Prefect task runners chosen by ``CurateParams.runner``.
+
+* ``local``: this machine. One worker: Prefect's ``ThreadPoolTaskRunner`` with one thread, in
+  the flow's process (no process to start); more: ``ProcessPoolTaskRunner`` with that many
+  processes.
+* ``dask``: ``prefect_dask.DaskTaskRunner`` on a ``distributed.LocalCluster`` of ``workers``
+  worker processes (one thread each, ``memory_limit`` each) started for the run.
+* ``dask:tcp://host:8786``: ``DaskTaskRunner`` on an existing scheduler; its workers must see the
+  dataset repository the flow sees (lakeFS, or the same path for a local repository) and have
+  tokenlake installed.
+
+Each partition is then a Prefect task run (:mod:`tasks.partition_task`); the published bytes do
+not depend on which runner ran them (``tests/flows/test_curate_runners.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
+
+from tasks.partition_map import use
+from tasks.partition_task import OnTaskRunner
+
+
+def task_runner(spec: str, workers: int = 1, memory_limit: str = "auto") -> TaskRunner:
+    """The Prefect task runner named by ``spec`` (``local``, ``dask`` or ``dask:<scheduler address>``)."""
+    kind, _, address = spec.partition(":")
+    if kind == "local" and not address:
+        return (
+            ThreadPoolTaskRunner(max_workers=1)
+            if workers == 1
+            else ProcessPoolTaskRunner(max_workers=workers)
+        )
+    if kind == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if address:
+            return DaskTaskRunner(address=address)
+        cluster: dict[str, Any] = {
+            "n_workers": workers,
+            "threads_per_worker": 1,  # stages are CPU-bound Python, NumPy and Arrow: one partition per core
+            "processes": True,
+            "memory_limit": memory_limit,
+            "dashboard_address": None,
+        }
+        return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=cluster)
+    raise ValueError(
+        f"runner {spec!r} is not one of: local, dask, dask:<scheduler address such as tcp://host:8786>"
+    )
+
+
+@contextmanager
+def partitions_on(spec: str, workers: int = 1, memory_limit: str = "auto") -> Iterator[TaskRunner]:
+    """Stages called inside the block submit their partitions to the runner named by ``spec``."""
+    runner = task_runner(spec, workers, memory_limit)
+    with runner, use(OnTaskRunner(runner)):
+        yield runner
