@@ -12,12 +12,12 @@ from typing import Any, TypeVar
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import TaskRunner
+from prefect.tasks import exponential_backoff
 
 from tasks.partition_map import no_retry
 
 T = TypeVar("T")
 R = TypeVar("R")
-RETRY_DELAYS = [1, 2, 4, 8, 16]
 
 
 def retry_unless_config_error(task: Any, task_run: Any, state: Any) -> bool:
@@ -60,7 +60,7 @@ class OnTaskRunner:
                 name=name,
                 task_run_name=f"{name}-{index}",
                 retries=retries,
-                retry_delay_seconds=RETRY_DELAYS[: max(retries, 1)],
+                retry_delay_seconds=exponential_backoff(backoff_factor=1)(max(retries, 1)),  # 1, 2, 4, ... s
             )
             futures.append(self.runner.submit(runnable, {"work": work, "item": item}))
         for future in futures:
