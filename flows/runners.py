@@ -1,15 +1,16 @@
 """Where a curate run's partitions run: Prefect task runners chosen by ``CurateParams.runner``.
 
-* ``local``: this machine. One worker: Prefect's ``ThreadPoolTaskRunner`` with one thread, in
-  the flow's process (no process to start); more: ``ProcessPoolTaskRunner`` with that many
-  processes.
+* ``local``: this machine. One worker (the default): the partitions run one after the other in
+  the flow's process (:class:`tasks.partition_map.InProcess`, each retried alone), so the run's
+  graph shows its stages and nothing else; more: Prefect's ``ProcessPoolTaskRunner`` with that
+  many processes.
 * ``dask``: ``prefect_dask.DaskTaskRunner`` on a ``distributed.LocalCluster`` of ``workers``
   worker processes (one thread each, ``memory_limit`` each) started for the run.
 * ``dask:tcp://host:8786``: ``DaskTaskRunner`` on an existing scheduler; its workers must see the
   dataset repository the flow sees (lakeFS, or the same path for a local repository) and have
   tokenlake installed.
 
-Each partition is then a Prefect task run (:mod:`tasks.partition_task`); the published bytes do
+Past one local worker each partition is a Prefect task run (:mod:`tasks.partition_task`); the published bytes do
 not depend on which runner ran them (``tests/flows/test_curate_runners.py``).
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
-from tasks.partition_map import use
+from tasks.partition_map import InProcess, use
 from tasks.partition_task import OnTaskRunner
 
 
@@ -29,11 +30,7 @@ def task_runner(spec: str, workers: int = 1, memory_limit: str = "auto") -> Task
     """The Prefect task runner named by ``spec`` (``local``, ``dask`` or ``dask:<scheduler address>``)."""
     kind, _, address = spec.partition(":")
     if kind == "local" and not address:
-        return (
-            ThreadPoolTaskRunner(max_workers=1)
-            if workers == 1
-            else ProcessPoolTaskRunner(max_workers=workers)
-        )
+        return ThreadPoolTaskRunner(max_workers=1) if workers == 1 else ProcessPoolTaskRunner(max_workers=workers)
     if kind == "dask":
         from prefect_dask import DaskTaskRunner
 
@@ -53,8 +50,13 @@ def task_runner(spec: str, workers: int = 1, memory_limit: str = "auto") -> Task
 
 
 @contextmanager
-def partitions_on(spec: str, workers: int = 1, memory_limit: str = "auto") -> Iterator[TaskRunner]:
-    """Stages called inside the block submit their partitions to the runner named by ``spec``."""
+def partitions_on(spec: str, workers: int = 1, memory_limit: str = "auto") -> Iterator[TaskRunner | None]:
+    """Stages called inside the block submit their partitions to the runner named by ``spec``
+    (in this process, as outside a flow, for one local worker)."""
+    if spec == "local" and workers == 1:
+        with use(InProcess()):
+            yield None
+        return
     runner = task_runner(spec, workers, memory_limit)
     with runner, use(OnTaskRunner(runner)):
         yield runner

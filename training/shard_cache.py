@@ -144,11 +144,14 @@ class ShardCache:
                 try:
                     actual = self._download(repo, commit, entry, reservation)
                     if actual == entry.sha256:
+                        # read before the rename (which keeps inode, size and time): once in place,
+                        # another fetcher making room may evict it at any moment
+                        signature = _signature(reservation)
                         path.parent.mkdir(exist_ok=True)
                         os.replace(reservation, path)
                         self._count_fetch(entry)
                         with self._guard:
-                            self._verified[entry.sha256] = _signature(path)
+                            self._verified[entry.sha256] = signature
                         return path
                 finally:
                     reservation.unlink(missing_ok=True)

@@ -97,9 +97,10 @@ def test_local_and_a_two_worker_dask_cluster_publish_the_same_bytes(tmp_path, mo
         params = demo_like(sources, str(tmp_path / name), str(tmp_path / f"results-{name}"), runner)
         state = curate(params, return_state=True)
         published[name] = (LocalRepo(tmp_path / name), state.result())
-        runs = recorded_partition_runs(state.state_details.flow_run_id, PARTITION_STEPS)
-        for step in PARTITION_STEPS:
-            assert runs.get(step, 0) >= 2, f"{name}: the {step} partitions are Prefect task runs of the flow run"
+        if name == "dask":
+            runs = recorded_partition_runs(state.state_details.flow_run_id, PARTITION_STEPS)
+            for step in PARTITION_STEPS:
+                assert runs.get(step, 0) >= 2, f"the {step} partitions are Prefect task runs on the Dask cluster"
 
     (local_repo, local), (dask_repo, dask) = published["local"], published["dask"]
     local_objects = published_objects(local_repo, local.tag)

@@ -149,6 +149,9 @@ def test_a_second_trainer_on_a_run_refuses_naming_the_first_and_a_killed_one_doe
     )  # fmt: skip
     try:
         wait_for_lock_holder(config.run_dir() / LOCK_FILE, first.pid, first)
+        # Stopped, it holds the lock for as long as the test needs: running, it could reach the
+        # end of the mix plan and exit before the second trainer asks (a loaded machine).
+        first.send_signal(signal.SIGSTOP)
         with pytest.raises(RunBusy, match=rf"run 'shared' is being trained by another process \(pid {first.pid} on "):
             train(config)  # in this process
         refused = torchrun(config, 2)  # two ranks: both refuse and exit, none waits on the other
