@@ -85,7 +85,7 @@ class IngestConfig(BaseModel):
         default=16 * MiB,
         ge=1,
         description="Input bytes per unit of work (file group, JSONL byte range, row groups); "
-        "each partition is one Prefect task and writes one raw/<source>/part-NNNNN.parquet.",
+        "each partition is one Prefect task and writes one raw/SOURCE/part-NNNNN.parquet.",
     )
     max_files_per_partition: int = Field(default=5_000, ge=1)
     max_doc_bytes: int = Field(
