@@ -15,12 +15,9 @@ publish lock ``lock-publish`` is removed when its holder is dead or gone.
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -32,6 +29,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Crashed
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.liveness import process_alive
 from flows.wap import PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX, flow_run_of_branch, publish_in_progress
 from tasks.stage_task import IO_RETRIES
 from versioning import DataRepo, NotFound, open_repo
@@ -69,40 +67,6 @@ def parse_age(text: str) -> float:
         raise ValueError(f"max age {text!r} is not a duration; write e.g. 36h, 90m, 2d or 0")
     value, unit = float(match.group(1)), match.group(2) or "h"
     return value * {"s": 1 / 3600, "m": 1 / 60, "h": 1, "d": 24}[unit]
-
-
-def process_alive(infrastructure_pid: str | None, started: datetime | None) -> bool | None:
-    """True/False for a ``host:pid`` on this host; None when it cannot be told from here."""
-    if not infrastructure_pid or ":" not in infrastructure_pid:
-        return None
-    host, _, pid_text = infrastructure_pid.rpartition(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return None
-    pid = int(pid_text)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    stat = _proc_stat(pid)
-    if stat is None:
-        return True  # no /proc: existence is all we can tell
-    state, start = stat
-    if state in ("Z", "X"):
-        return False  # killed, not yet reaped
-    # A process that started after the run did is another process that reused the pid.
-    return not (started is not None and start is not None and start > started.timestamp() + 5)
-
-
-def _proc_stat(pid: int) -> tuple[str, float | None] | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-    except (OSError, IndexError, StopIteration, ValueError):
-        return None
-    return fields[0], boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def _read_flow_run(client: Any, flow_run_id: str) -> FlowRun | None:

@@ -11,12 +11,15 @@
   (another run's publish, a rollback) and nothing is merged.
 * Publishing holds a lock: the branch ``lock-publish``, whose creation is atomic in both
   adapters, and whose one commit names the holder. A rollback (``flows/rollback.py``) must
-  refuse while :func:`publish_in_progress` returns a holder.
+  refuse while :func:`publish_in_progress` returns a holder. A lock whose holder's process is
+  gone from this host (killed inside its publish) is taken over by the next publisher; one
+  held from another host is freed by ``tokenlake janitor`` there.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -26,6 +29,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from flows import publish_guard
+from flows.liveness import process_alive
 from formats import layout
 from formats.layout import DATASET_TAG_PREFIX as TAG_PREFIX
 from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, PUBLISH_STAGE, RUN_BRANCH_PREFIX
@@ -118,13 +122,51 @@ class PublishedVersion:
 
 def publish_in_progress(repo: DataRepo) -> dict[str, str] | None:
     """The publish lock's holder (flow_run_id, host, pid, since), or None when no publish runs."""
-    branches = repo.list_branches()
-    if PUBLISH_LOCK_BRANCH not in branches:
+    held = _lock_held(repo)
+    return held[1] if held else None
+
+
+def _lock_held(repo: DataRepo) -> tuple[str, dict[str, str]] | None:
+    """(the lock branch's head commit, its holder), or None when no publish runs."""
+    lock_commit = repo.list_branches().get(PUBLISH_LOCK_BRANCH)
+    if lock_commit is None:
         return None
-    meta = repo.get_commit(branches[PUBLISH_LOCK_BRANCH]).metadata
+    meta = repo.get_commit(lock_commit).metadata
     if meta.get("stage") != "lock":
-        return {"flow_run_id": "", "host": "", "pid": "", "since": ""}  # created, holder not yet written
-    return {k: meta.get(k, "") for k in ("flow_run_id", "host", "pid", "since")}
+        return lock_commit, {"flow_run_id": "", "host": "", "pid": "", "since": ""}  # created, holder not yet written
+    return lock_commit, {k: meta.get(k, "") for k in ("flow_run_id", "host", "pid", "since")}
+
+
+def _holder_dead(holder: dict[str, str]) -> bool:
+    """True only when the holder's process is provably gone: it ran on this host and its pid is
+    free (or reused by a process started after it took the lock). A holder on another host, or
+    one not yet written, is never judged dead here."""
+    try:
+        since = datetime.fromisoformat(holder["since"]) if holder["since"] else None
+    except ValueError:
+        since = None
+    return process_alive(f"{holder['host']}:{holder['pid']}", since) is False
+
+
+def _take_over_dead_lock(repo: DataRepo, lock_commit: str, holder: dict[str, str]) -> None:
+    """Delete the lock a killed publisher left (its process gone, so it never releases it), unless
+    the lock changed since it was judged. A killed ``tokenlake curate`` whose re-run waited for it
+    would otherwise fail with PublishBusy until someone ran the janitor.
+
+    Each publisher deletes only while the lock is still ``lock_commit``: one that judged the same
+    dead lock later finds the first's new lock (another commit) and waits for it. The check and
+    the delete are two calls (neither adapter deletes a branch conditionally), so two publishers
+    on this host judging one dead lock within the same few milliseconds could still both go on."""
+    if repo.list_branches().get(PUBLISH_LOCK_BRANCH) != lock_commit:
+        return
+    logging.getLogger(__name__).warning(
+        "publish lock of flow run %s (process %s on %s) is held by a dead process; taking it over",
+        holder["flow_run_id"], holder["pid"], holder["host"],
+    )  # fmt: skip
+    try:
+        repo.delete_branch(PUBLISH_LOCK_BRANCH)
+    except NotFound:
+        pass  # the janitor freed it meanwhile
 
 
 @contextmanager
@@ -144,9 +186,13 @@ def publish_lock(repo: DataRepo, flow_run_id: str, wait_s: float = 120.0, poll_s
             repo.commit(PUBLISH_LOCK_BRANCH, f"publish lock held by flow run {flow_run_id}", holder, allow_empty=True)
             break
         except Conflict:
-            holder = publish_in_progress(repo)
+            held = _lock_held(repo)
+            holder = held[1] if held else None
             if holder and holder["flow_run_id"] == flow_run_id:
                 break  # our own earlier attempt took it
+            if held and _holder_dead(held[1]):
+                _take_over_dead_lock(repo, *held)
+                continue
             if time.monotonic() > deadline:
                 who = holder["flow_run_id"] if holder else "unknown"
                 raise PublishBusy(

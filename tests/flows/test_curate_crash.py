@@ -1,5 +1,6 @@
 """A curate process killed with SIGKILL in the middle of a stage (shard, half written): the re-run completes without duplicates, and the
-janitor removes the orphaned run branch (never while its run is alive)."""
+janitor removes the orphaned run branch (never while its run is alive). Killed inside the publish, holding the publish lock: the
+re-run takes the dead process's lock over and publishes, without waiting for the janitor."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from prefect.settings import PREFECT_API_URL
 from flows import publish_guard
 from flows.curate import curate
 from flows.janitor import sweep
-from flows.wap import MAIN, RUN_BRANCH_PREFIX, flow_run_of_branch
+from flows.wap import (
+    MAIN,
+    PUBLISH_LOCK_BRANCH,
+    RUN_BRANCH_PREFIX,
+    PublishRecord,
+    flow_run_of_branch,
+    publish_in_progress,
+)
 from tests.flows.curate_support import column, params_for, stage_outcomes, write_corpus
 from versioning.local import LocalRepo
 
@@ -28,6 +36,21 @@ from flows.curate import curate
 from flows.params import CurateParams
 curate(CurateParams.model_validate_json(open(sys.argv[1]).read()))
 """
+
+# The flow, parked inside the publish: holding the publish lock, at the merge into main. It says
+# so with a file, and waits there to be killed (the kill then lands where a campaign trial's did).
+RUN_FLOW_PARKED_AT_MERGE = """
+import sys
+import threading
+from pathlib import Path
+from versioning.local import LocalRepo
+
+def park(self, *args, **kwargs):
+    Path(sys.argv[2]).touch()
+    threading.Event().wait()
+
+LocalRepo.merge = park
+""" + RUN_FLOW
 
 
 def _wait_for_shard_stage_writing(repo: LocalRepo, process: subprocess.Popen) -> str:
@@ -84,3 +107,34 @@ def test_sigkill_mid_run_then_rerun_completes_and_janitor_removes_the_orphan(tmp
         assert client.read_flow_run(killed_run).state.name == "Crashed"
     verdicts = {v.branch: v for v in sweep(repo, max_age_hours=0)}
     assert verdicts[orphan].removed and set(repo.list_branches()) == {MAIN}
+
+
+def test_sigkill_holding_the_publish_lock_then_rerun_takes_the_dead_lock_over_and_publishes(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
+    corpus = write_corpus(tmp_path / "sources", documents=60)
+    repo = LocalRepo(tmp_path / "repo")
+    repo.ensure()
+    params = params_for(corpus, str(repo.root), tmp_path / "results")
+    params_file = tmp_path / "params.json"
+    params_file.write_text(params.model_dump_json())
+    parked = tmp_path / "parked-at-merge"
+
+    env = os.environ | {"PREFECT_API_URL": PREFECT_API_URL.value(), "TOKENLAKE_HOME": str(tmp_path / "home")}
+    process = subprocess.Popen([sys.executable, "-c", RUN_FLOW_PARKED_AT_MERGE, str(params_file), str(parked)], env=env)
+    try:
+        while not parked.exists():
+            assert process.poll() is None, f"the flow process exited ({process.returncode}) before its publish merged"
+            time.sleep(0.02)
+        os.kill(process.pid, signal.SIGKILL)  # the main process only, as the OOM killer does
+    finally:
+        process.kill()
+        process.wait()
+    holder = publish_in_progress(repo)
+    assert holder is not None and holder["pid"] == str(process.pid), "killed holding the publish lock"
+    assert PublishRecord.from_commit(repo.get_commit(MAIN)) is None, "killed before the merge"
+
+    version = curate(params)  # no janitor in between: the re-run itself frees the dead process's lock
+
+    assert version.new and repo.resolve(MAIN) == version.commit_id
+    assert sum(PublishRecord.from_commit(c) is not None for c in repo.log(MAIN)) == 1, "one publish on main"
+    assert PUBLISH_LOCK_BRANCH not in repo.list_branches(), "the re-run released the lock it took over"

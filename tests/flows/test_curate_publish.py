@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -16,6 +20,7 @@ from flows.wap import (
     ChainLink,
     PublishBusy,
     PublishRecord,
+    _take_over_dead_lock,
     list_versions,
     next_tag,
     open_run_branch,
@@ -116,6 +121,49 @@ def test_a_lock_left_by_a_killed_attempt_of_the_same_run_is_taken_over(repo):
     with publish_lock(repo, "run-a", wait_s=0):
         assert publish_in_progress(repo)["flow_run_id"] == "run-a"
     assert publish_in_progress(repo) is None
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _left_lock(repo: LocalRepo, flow_run_id: str, host: str, pid: str) -> str:
+    """The lock as a publisher killed while holding it leaves it; returns its commit."""
+    repo.create_branch(PUBLISH_LOCK_BRANCH, MAIN)
+    holder = {"stage": "lock", "flow_run_id": flow_run_id, "host": host, "pid": pid,
+              "since": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+    return repo.commit(PUBLISH_LOCK_BRANCH, "lock", holder, allow_empty=True).id
+
+
+def test_a_lock_whose_holder_died_on_this_host_is_taken_over_by_another_run(repo):
+    _left_lock(repo, "run-killed", socket.gethostname(), str(_dead_pid()))
+    with publish_lock(repo, "run-b", wait_s=0):  # no wait: the dead holder is judged at once
+        assert publish_in_progress(repo)["flow_run_id"] == "run-b"
+    assert publish_in_progress(repo) is None
+
+
+def test_a_lock_whose_holder_cannot_be_judged_from_here_is_not_taken_over(repo):
+    _left_lock(repo, "run-elsewhere", "another-host", str(_dead_pid()))  # its pid means nothing here
+    with pytest.raises(PublishBusy, match="run-elsewhere"):
+        with publish_lock(repo, "run-b", wait_s=0):
+            pass
+    repo.delete_branch(PUBLISH_LOCK_BRANCH)
+    _left_lock(repo, "run-alive", socket.gethostname(), str(os.getpid()))
+    with pytest.raises(PublishBusy, match="run-alive"):
+        with publish_lock(repo, "run-b", wait_s=0):
+            pass
+    assert publish_in_progress(repo)["flow_run_id"] == "run-alive", "a live holder's lock stays"
+
+
+def test_a_dead_lock_is_only_deleted_while_it_is_still_the_lock_that_was_judged(repo):
+    judged = _left_lock(repo, "run-killed", socket.gethostname(), str(_dead_pid()))
+    holder = publish_in_progress(repo)
+    repo.delete_branch(PUBLISH_LOCK_BRANCH)  # another publisher took the dead lock over first...
+    _left_lock(repo, "run-first", socket.gethostname(), str(os.getpid()))  # ...and holds its own
+    _take_over_dead_lock(repo, judged, holder)
+    assert publish_in_progress(repo)["flow_run_id"] == "run-first"
 
 
 def test_a_waiting_publisher_gets_the_lock_when_it_is_released(repo):
