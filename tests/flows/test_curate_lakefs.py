@@ -84,6 +84,7 @@ def _assert_every_document_once(repo, ref: str, files: int) -> None:
         assert len(kept) + len(rejected) == len(previous) and set(kept) | set(rejected) == set(previous), stage
 
 
+@pytest.mark.slow
 def test_curate_on_lakefs_survives_faults_then_reuses_and_gates(double, tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
     corpus = write_corpus(tmp_path / "sources")

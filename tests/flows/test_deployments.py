@@ -108,6 +108,7 @@ def _task_states(flow_run_id: UUID, attempt: int) -> dict[str, str]:
     raise AssertionError(f"task runs of flow run {flow_run_id} did not finish within {WAIT_LIMIT_S} s")
 
 
+@pytest.mark.slow
 def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_stages(served, tmp_path):
     deployment_id = served
     corpus = write_corpus(tmp_path / "sources")

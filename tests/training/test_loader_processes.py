@@ -25,6 +25,7 @@ def records(run_dir, kind):
     return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == kind]
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_active_loader_20_times_on_two_ranks_never_restarts_and_changes_no_loss(dataset):
     uninterrupted = make_config(dataset, "loader-calm", steps=STEPS)
     killed = make_config(dataset, "loader-killed", steps=STEPS, faults=FaultConfig(kill_loader_at_batches=KILLS))

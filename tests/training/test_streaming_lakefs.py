@@ -122,6 +122,7 @@ class Outage:
             self.ended.set()
 
 
+@pytest.mark.slow
 def test_training_waits_out_faults_and_an_outage_says_why_and_finishes_bit_exact(healthy, tmp_path):
     ds, reference_losses = healthy
     target = shard_first_needed_at(ds, STEPS // 2)
