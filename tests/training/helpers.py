@@ -110,7 +110,8 @@ def torchrun(config: TrainConfig, nproc: int) -> subprocess.CompletedProcess:
     )
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid``, from /proc."""
     found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
@@ -141,7 +142,7 @@ def torchrun_killed_after(config: TrainConfig, nproc: int, step: int, durable: i
     while proc.poll() is None and time.monotonic() < deadline:
         records = train_records(config.run_dir()) if metrics.exists() else []
         if any(r["step"] >= step for r in records[seen:]) and (durable is None or marker.exists()):
-            for pid in [*_children(proc.pid), proc.pid]:
+            for pid in [*children(proc.pid), proc.pid]:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:

@@ -21,6 +21,7 @@ import torch
 
 from tests.training.helpers import (
     ROOT,
+    children,
     device_for_ranks,
     final_weights,
     make_dataset,
@@ -125,16 +126,6 @@ class TwoNodes:
 
     def output(self) -> str:
         return "\n".join(p.read_text()[-3000:] for p in sorted(self.logs.iterdir()))
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
 
 
 def alive(pid: int) -> bool:
