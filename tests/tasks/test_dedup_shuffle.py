@@ -1,4 +1,4 @@
-"""The bucketed dedup (tasks/dedup/shuffle.py, what the stage runs) against the in-memory plan
+"""The bucketed dedup (tasks/dedup/shuffle/, what the stage runs) against the in-memory plan
 (tasks/dedup/plan.py): the same survivors, reasons, clusters and weights, whatever the bucket
 count, also incrementally against published versions and across a change of bucket count."""
 
