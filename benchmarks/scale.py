@@ -7,10 +7,12 @@ worker's memory limit.
    ``DaskTaskRunner``) on a ``LocalCluster`` of 1, then 2 worker processes (one thread each).
    Per stage group: seconds, documents/s and MB/s, and the same per core (per worker). The
    2-worker run must publish the same bytes as the 1-worker run (checked).
-2. **Overhead.** A no-op partition mapped 40 times on the 1-worker cluster: wall seconds per
-   task is what Prefect (task run, states) and Dask (scheduling, transfer) add to each
-   partition. Against the measured work per byte of ingest + validate it gives the overhead at
-   a partition size and the smallest partition for which it stays under 5%.
+2. **Overhead.** The same stages on the same partitions once more in this process, one after
+   the other, without Prefect or Dask (``workers`` 0): the work itself. The 1-worker cluster's
+   extra time over it, divided by its partition tasks, is what Prefect (task runs, states) and
+   Dask (scheduling, transfer) add to each task; against the in-process rate of ingest +
+   validate it gives the overhead at a partition size and the smallest partition for which it
+   stays under 5%. A no-op task mapped 40 times is timed too, as a floor.
 3. **Memory bar** (a subprocess, so its peak RSS is its own): ``--memory-docs`` short documents
    are deduplicated on a 2-worker ``LocalCluster`` whose ``memory_limit`` (Dask's nanny kills a
    worker past 95% of it) is ``--memory-limit``; the in-memory plan would hold their signatures
@@ -99,12 +101,27 @@ def cluster_runner(workers: int, memory_limit: str = "auto"):
     return partitions_on("dask", workers, memory_limit)
 
 
+class CountingMap:
+    """The partition map in force, counting the partitions it is given (the tasks a runner runs)."""
+
+    def __init__(self, inner: Any):
+        self.inner, self.items = inner, 0
+
+    def map(self, name: str, work: Any, items: Any, retries: int = 0, describe: Any = None) -> Any:
+        self.items += len(items)
+        return self.inner.map(name, work, items, retries, describe)
+
+
 def run_stages(work: Path, sources: list[dict[str, Any]], workers: int, corpus_bytes: int) -> dict[str, Any]:
-    """ingest + validate, dedup, shard on a fresh repository; seconds and rates per stage group."""
+    """ingest + validate, dedup, shard on a fresh repository; seconds and rates per stage group.
+    ``workers`` 0: the same partitions one after the other in this process, no Prefect and no Dask
+    (the baseline of the overhead)."""
+    from flows.runners import partitions_on
     from tasks.dedup.config import DedupConfig
     from tasks.dedup.stage import run_dedup
     from tasks.ingest.config import IngestConfig
     from tasks.ingest.stage import run_ingest
+    from tasks.partition_map import partitions, use
     from tasks.shard.config import ShardConfig
     from tasks.shard.stage import run_shard
     from tasks.stage import run_stage
@@ -114,10 +131,11 @@ def run_stages(work: Path, sources: list[dict[str, Any]], workers: int, corpus_b
 
     repo = LocalRepo(work / f"repo-{workers}w")
     repo.ensure()
+    runner = cluster_runner(workers) if workers else partitions_on("local", 1)
     partition = max(corpus_bytes // 24, 1 << 16)
     ingest = IngestConfig.model_validate({"sources": sources, "partition_bytes": partition})
     groups: dict[str, Any] = {}
-    with cluster_runner(workers):
+    with runner, use(CountingMap(partitions())) as counter:
         head = repo.resolve("main")
         started = time.perf_counter()
         ingested = run_stage(run_ingest, repo, "main", head, ingest)
@@ -137,6 +155,7 @@ def run_stages(work: Path, sources: list[dict[str, Any]], workers: int, corpus_b
     }
     result = {
         "workers": workers,
+        "partition_tasks": counter.items,
         "ingest_partitions": ingested.report["per_source"]["web0"]["partitions"] * len(sources),
         "ingest_partition_bytes": partition,
         "shards": {s["name"]: s["sha256"] for s in manifest["shards"]},
@@ -164,8 +183,8 @@ def run_stages(work: Path, sources: list[dict[str, Any]], workers: int, corpus_b
             "megabytes": round(text_mb[name], 3),
             "docs_per_s": round(documents / seconds, 1),
             "mb_per_s": round(text_mb[name] / seconds, 3),
-            "docs_per_s_per_core": round(documents / seconds / workers, 1),
-            "mb_per_s_per_core": round(text_mb[name] / seconds / workers, 3),
+            "docs_per_s_per_core": round(documents / seconds / max(workers, 1), 1),
+            "mb_per_s_per_core": round(text_mb[name] / seconds / max(workers, 1), 3),
         }
     repo.close()
     return result
@@ -269,7 +288,7 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         repo = LocalRepo(work / "big")
         repo.ensure()
         started = time.perf_counter()
-        commit = put_corpus(repo, args.memory_docs)
+        commit = put_corpus(repo, args.memory_docs, per_part=args.memory_part_docs)
         out["generate_seconds"] = round(time.perf_counter() - started, 1)
         rss_before = peak_rss_mb()
         started = time.perf_counter()
@@ -293,6 +312,7 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     idle_rss = max(w["idle_rss_mb"] for w in out["workers"]) * 2**20
     out["corpus_over_limit_minus_idle_worker"] = round(in_memory_bytes / max(limit - idle_rss, 1), 2)
     out["text_mb"] = result.report["extra"]["shingled_megabytes"]
+    out["seconds_by_step"] = result.report["extra"]["seconds_by_step"]
     return out
 
 
@@ -302,6 +322,7 @@ def main() -> int:
     parser.add_argument("--memory-docs", type=int, default=500_000, help="documents of the memory bar")
     parser.add_argument("--memory-limit", default="600MiB", help="LocalCluster memory_limit per worker")
     parser.add_argument("--memory-buckets", type=int, default=64, help="DedupConfig.buckets of the memory bar")
+    parser.add_argument("--memory-part-docs", type=int, default=5_000, help="documents per input part of the memory bar")
     parser.add_argument("--check-docs", type=int, default=30_000, help="documents of the in-memory comparison")
     parser.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-memory", action="store_true", help="scaling and overhead only")
@@ -326,30 +347,36 @@ def main() -> int:
         work = Path(temporary)
         sources = write_sources(work / "sources", args.mb)
         corpus_bytes = sum(Path(s["path"]).stat().st_size for s in sources)
-        runs = {w: run_stages(work, sources, w, corpus_bytes) for w in (1, 2)}
-        overhead_s = task_overhead()
-    assert runs[1]["shards"] == runs[2]["shards"], "1 and 2 workers must write the same shards"
+        runs = {w: run_stages(work, sources, w, corpus_bytes) for w in (0, 1, 2)}
+        noop_s = task_overhead()
+    assert runs[0]["shards"] == runs[1]["shards"] == runs[2]["shards"], "every runner must write the same shards"
 
-    one, two = runs[1]["stages"], runs[2]["stages"]
-    total = {w: sum(s["seconds"] for s in runs[w]["stages"].values()) for w in (1, 2)}
+    base, one, two = runs[0]["stages"], runs[1]["stages"], runs[2]["stages"]
+    total = {w: sum(s["seconds"] for s in runs[w]["stages"].values()) for w in (0, 1, 2)}
     speedup = total[1] / total[2]
-    rate = one["ingest+validate"]["megabytes"] * 1e6 / one["ingest+validate"]["seconds"]  # bytes/s, 1 core
-    work_per_default = DEFAULT_PARTITION / rate
-    work_per_bench = runs[1]["ingest_partition_bytes"] / rate
+    # the work itself, timed without Prefect or Dask on the same partitions in the same run
+    rate = base["ingest+validate"]["megabytes"] * 1e6 / base["ingest+validate"]["seconds"]  # bytes/s, 1 core
+    per_task = max(total[1] - total[0], 0.0) / runs[1]["partition_tasks"]
     overhead = {
-        "seconds_per_task": round(overhead_s, 4),
+        "partition_tasks": runs[1]["partition_tasks"],
+        "in_process_seconds": round(total[0], 3),
+        "dask_1_worker_seconds": round(total[1], 3),
+        "run_percent": round(100 * (total[1] - total[0]) / total[0], 2),
+        "per_stage_percent": {n: round(100 * (one[n]["seconds"] - base[n]["seconds"]) / base[n]["seconds"], 2)
+                              for n in base},
+        "seconds_per_task": round(per_task, 4),
+        "noop_seconds_per_task": round(noop_s, 4),
         "ingest_validate_bytes_per_s_per_core": round(rate),
-        "at_default_16MiB_partition_percent": round(100 * overhead_s / work_per_default, 2),
-        "at_benchmark_partition_percent": round(100 * overhead_s / work_per_bench, 2),
+        "at_default_16MiB_partition_percent": round(100 * per_task / (DEFAULT_PARTITION / rate), 2),
         "benchmark_partition_bytes": runs[1]["ingest_partition_bytes"],
-        "partition_bytes_for_5_percent": int(overhead_s * rate / 0.05),
+        "partition_bytes_for_5_percent": int(per_task * rate / 0.05),
     }
 
     memory: dict[str, Any] = {"skipped": True}
     if not args.skip_memory:
         command = [sys.executable, __file__, "--memory-only", "--memory-docs", str(args.memory_docs),
                    "--memory-limit", args.memory_limit, "--memory-buckets", str(args.memory_buckets),
-                   "--check-docs", str(args.check_docs)]
+                   "--memory-part-docs", str(args.memory_part_docs), "--check-docs", str(args.check_docs)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode == 0:
             memory = json.loads(done.stdout.strip().splitlines()[-1])
@@ -359,12 +386,16 @@ def main() -> int:
 
     load_after = os.getloadavg()
     print(f"load average: start {load_before}, end {load_after}, {os.cpu_count()} cpus")
-    print(f"{'stage':<16}{'1w s':>8}{'2w s':>8}{'speedup':>9}{'docs/s/core 1w':>16}{'MB/s/core 1w':>14}{'MB/s/core 2w':>14}")
+    print(f"{'stage':<16}{'in-proc s':>10}{'1w s':>8}{'2w s':>8}{'overhead':>9}{'speedup':>9}"
+          f"{'docs/s/core':>12}{'MB/s/core':>10}{'MB/s/core 2w':>13}")
     for name in one:
-        print(f"{name:<16}{one[name]['seconds']:>8.1f}{two[name]['seconds']:>8.1f}"
-              f"{one[name]['seconds'] / two[name]['seconds']:>9.2f}{one[name]['docs_per_s_per_core']:>16.0f}"
-              f"{one[name]['mb_per_s_per_core']:>14.2f}{two[name]['mb_per_s_per_core']:>14.2f}")
-    print(f"overhead per partition task (Prefect + Dask): {overhead_s * 1000:.0f} ms; "
+        print(f"{name:<16}{base[name]['seconds']:>10.1f}{one[name]['seconds']:>8.1f}{two[name]['seconds']:>8.1f}"
+              f"{overhead['per_stage_percent'][name]:>8.1f}%{one[name]['seconds'] / two[name]['seconds']:>9.2f}"
+              f"{base[name]['docs_per_s_per_core']:>12.0f}{base[name]['mb_per_s_per_core']:>10.2f}"
+              f"{two[name]['mb_per_s_per_core']:>13.2f}")
+    print(f"overhead (Prefect + Dask, 1 worker against the same partitions in process): "
+          f"{overhead['run_percent']}% of this run, {per_task * 1000:.0f} ms per partition task "
+          f"({runs[1]['partition_tasks']} tasks; a no-op task: {noop_s * 1000:.0f} ms); "
           f"{overhead['at_default_16MiB_partition_percent']}% of a 16 MiB ingest+validate partition; "
           f"under 5% from {overhead['partition_bytes_for_5_percent'] / 2**20:.1f} MiB")
     peak = None
@@ -379,7 +410,8 @@ def main() -> int:
     args.output.write_text(json.dumps({
         "benchmark": "scale",
         "parameters": {"mb": args.mb, "memory_docs": args.memory_docs, "memory_limit": args.memory_limit,
-                       "memory_buckets": args.memory_buckets, "check_docs": args.check_docs},
+                       "memory_buckets": args.memory_buckets,
+                       "memory_part_docs": args.memory_part_docs, "check_docs": args.check_docs},
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                     "load_average_start": load_before, "load_average_end": load_after},
         "runs": {str(w): r for w, r in runs.items()},
@@ -387,7 +419,7 @@ def main() -> int:
         "overhead": overhead,
         "memory_bar": memory,
     }, indent=2) + "\n")
-    print(f"scale: speedup_2w={speedup:.2f} overhead={overhead['at_default_16MiB_partition_percent']}% "
+    print(f"scale: speedup_2w={speedup:.2f} overhead={overhead['run_percent']}% "
           f"dedup_peak_rss_mb={peak if peak is not None else 'n/a'}")
     return 1 if "failed" in memory else 0
 

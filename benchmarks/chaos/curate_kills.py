@@ -253,6 +253,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, help="work directory (default: a temporary one, removed)")
     args = parser.parse_args()
+    machine_at_start = machine()
 
     started = time.monotonic()
     rng = random.Random(args.seed)
@@ -289,7 +290,7 @@ def main() -> int:
             "command": f"benchmarks/chaos/curate_kills.py --kills {args.kills} --code-mb {args.code_mb} "
             f"--prose-mb {args.prose_mb} --seed {args.seed}",
             "load": {"sources": "demo sources (flows.demo_sources)", "code_mb": args.code_mb,
-                     "prose_mb": args.prose_mb, "repository": "local", "machine": machine()},
+                     "prose_mb": args.prose_mb, "repository": "local", "machine": machine_at_start},
             "summary": summary,
             "trials": [asdict(t) | {"ok": t.ok} for t in trials],
         },

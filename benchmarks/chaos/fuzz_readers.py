@@ -33,6 +33,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=5000, help="random examples per property")
     args = parser.parse_args()
+    machine_at_start = machine()
     started = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics", TEST_FILE],
@@ -57,7 +58,7 @@ def main() -> int:
         "fuzz",
         {
             "command": f"benchmarks/chaos/fuzz_readers.py --examples {args.examples}",
-            "load": {"properties": TEST_FILE, "examples_per_property": args.examples, "machine": machine()},
+            "load": {"properties": TEST_FILE, "examples_per_property": args.examples, "machine": machine_at_start},
             "summary": {"properties": len(properties), "examples": examples, "failing_examples": failing,
                         "failed_properties": failed_tests, "seconds": round(seconds, 1), "pytest_rc": out.returncode},
             "properties": properties,

@@ -172,6 +172,7 @@ def main() -> int:
     parser.add_argument("--prose-mb", type=float, default=0.3)
     parser.add_argument("--work", type=Path, help="work directory (default: a temporary one, removed)")
     args = parser.parse_args()
+    machine_at_start = machine()
     rates = [float(r) for r in args.rates.split(",")]
     started = time.monotonic()
     results = []
@@ -230,7 +231,7 @@ def main() -> int:
             "command": f"benchmarks/chaos/lakefs_faults.py --rates {args.rates} --outage-s {args.outage_s:g} "
             f"--code-mb {args.code_mb} --prose-mb {args.prose_mb}",
             "load": {"sources": "demo sources (flows.demo_sources)", "code_mb": args.code_mb,
-                     "prose_mb": args.prose_mb, "repository": "lakeFS API double over HTTP", "machine": machine()},
+                     "prose_mb": args.prose_mb, "repository": "lakeFS API double over HTTP", "machine": machine_at_start},
             "summary": summary,
             "runs": results,
             "spec_violations": violations[:20],

@@ -491,6 +491,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, help="work directory (default: a temporary one, removed)")
     args = parser.parse_args()
+    machine_at_start = machine()
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="chaos-train-") as tmp:
@@ -526,7 +527,7 @@ def main() -> int:
                 f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "work"
             ),
             "load": {"processes": 2, "backend": "gloo (CPU)", "model": "tiny", "steps": args.steps,
-                     "checkpoint_every": args.every, "machine": machine()},
+                     "checkpoint_every": args.every, "machine": machine_at_start},
             "reference_timings": asdict(campaign.timings),
             "summary": summary,
             "trials": [{"name": t.name, "exact": t.exact, "hang": t.hang, "problems": t.problems,
