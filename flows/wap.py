@@ -10,7 +10,9 @@
   head is an ancestor of the run's head): otherwise :class:`MainMoved` names what moved it
   (another run's publish, a rollback) and nothing is merged.
 * Publishing holds a lock: the branch ``lock-publish``, whose creation is atomic in both
-  adapters, and whose one commit names the holder. A rollback (``flows/rollback.py``) must
+  adapters, created at a commit that already names the holder (made first on the run's own
+  ``curate-<flow run id>-lock`` branch, deleted once the lock is taken), so a process killed
+  at any moment never leaves a lock without a holder to judge. A rollback (``flows/rollback.py``) must
   refuse while :func:`publish_in_progress` returns a holder. A lock whose holder's process is
   gone from this host (killed inside its publish) is taken over by the next publisher; one
   held from another host is freed by ``tokenlake janitor`` there.
@@ -37,6 +39,8 @@ from tasks.stage import tokenlake_version
 from training.reverted import restored_from
 from versioning import Commit, Conflict, DataRepo, NoChanges, NotFound
 
+LOCK_CANDIDATE_SUFFIX = "-lock"
+
 
 class PublishBusy(RuntimeError):
     """Another publish holds the lock."""
@@ -50,8 +54,16 @@ def run_branch(flow_run_id: str) -> str:
     return f"{RUN_BRANCH_PREFIX}{flow_run_id}"
 
 
+def lock_candidate_branch(flow_run_id: str) -> str:
+    """Where a publisher writes its holder commit before pointing the lock at it."""
+    return f"{RUN_BRANCH_PREFIX}{flow_run_id}{LOCK_CANDIDATE_SUFFIX}"
+
+
 def flow_run_of_branch(branch: str) -> str | None:
-    return branch.removeprefix(RUN_BRANCH_PREFIX) if branch.startswith(RUN_BRANCH_PREFIX) else None
+    """The flow run that owns a run branch or its lock candidate; None for any other branch."""
+    if not branch.startswith(RUN_BRANCH_PREFIX):
+        return None
+    return branch.removeprefix(RUN_BRANCH_PREFIX).removesuffix(LOCK_CANDIDATE_SUFFIX)
 
 
 def open_run_branch(repo: DataRepo, branch: str) -> str:
@@ -169,21 +181,40 @@ def _take_over_dead_lock(repo: DataRepo, lock_commit: str, holder: dict[str, str
         pass  # the janitor freed it meanwhile
 
 
+def _take_lock(repo: DataRepo, flow_run_id: str) -> None:
+    """Create ``lock-publish`` at a commit naming this process (Conflict when it exists). The
+    holder commit is made on this run's candidate branch first: creating the lock branch is the
+    one atomic step, so the lock never exists without its holder."""
+    candidate = lock_candidate_branch(flow_run_id)
+    try:
+        repo.delete_branch(candidate)  # left by a killed attempt of this flow run
+    except NotFound:
+        pass
+    repo.create_branch(candidate, MAIN)
+    try:
+        holder = {
+            "stage": "lock",
+            "flow_run_id": flow_run_id,
+            "host": socket.gethostname(),
+            "pid": str(os.getpid()),
+            "since": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        commit = repo.commit(candidate, f"publish lock held by flow run {flow_run_id}", holder, allow_empty=True)
+        repo.create_branch(PUBLISH_LOCK_BRANCH, commit.id)
+    finally:
+        try:
+            repo.delete_branch(candidate)
+        except NotFound:
+            pass
+
+
 @contextmanager
 def publish_lock(repo: DataRepo, flow_run_id: str, wait_s: float = 120.0, poll_s: float = 0.5) -> Iterator[None]:
     """Hold ``lock-publish`` for the block; re-entrant for the same flow run (a retried task)."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            repo.create_branch(PUBLISH_LOCK_BRANCH, MAIN)
-            holder = {
-                "stage": "lock",
-                "flow_run_id": flow_run_id,
-                "host": socket.gethostname(),
-                "pid": str(os.getpid()),
-                "since": datetime.now(UTC).isoformat(timespec="seconds"),
-            }
-            repo.commit(PUBLISH_LOCK_BRANCH, f"publish lock held by flow run {flow_run_id}", holder, allow_empty=True)
+            _take_lock(repo, flow_run_id)
             break
         except Conflict:
             held = _lock_held(repo)

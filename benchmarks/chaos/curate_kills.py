@@ -56,7 +56,7 @@ from curate_support import (
     write_demo_config,
 )
 
-from flows.wap import MAIN, PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX, PublishRecord
+from flows.wap import LOCK_CANDIDATE_SUFFIX, MAIN, PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX, PublishRecord
 from versioning.local import LocalRepo
 
 STAGES = ("ingest", "validate", "dedup", "shard", "mix")
@@ -95,7 +95,7 @@ def where_it_died(repo: LocalRepo) -> str:
     branches = repo.list_branches()
     if PublishRecord.from_commit(repo.get_commit(branches[MAIN])) is not None:
         return "after the merge into main"
-    if PUBLISH_LOCK_BRANCH in branches:
+    if PUBLISH_LOCK_BRANCH in branches or any(b.endswith(LOCK_CANDIDATE_SUFFIX) for b in branches):
         return "publish"
     runs = [b for b in branches if b.startswith(RUN_BRANCH_PREFIX)]
     if not runs:

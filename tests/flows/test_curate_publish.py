@@ -21,7 +21,9 @@ from flows.wap import (
     PublishBusy,
     PublishRecord,
     _take_over_dead_lock,
+    flow_run_of_branch,
     list_versions,
+    lock_candidate_branch,
     next_tag,
     open_run_branch,
     publish,
@@ -155,6 +157,52 @@ def test_a_lock_whose_holder_cannot_be_judged_from_here_is_not_taken_over(repo):
         with publish_lock(repo, "run-b", wait_s=0):
             pass
     assert publish_in_progress(repo)["flow_run_id"] == "run-alive", "a live holder's lock stays"
+
+
+KILLED_TAKING_THE_LOCK = """
+import os, sys
+from flows.wap import PUBLISH_LOCK_BRANCH, lock_candidate_branch, publish_lock
+from versioning.local import LocalRepo
+
+class KilledAt(LocalRepo):
+    # os._exit skips every finally and atexit, as a SIGKILL at this call would
+    def create_branch(self, name, source="main"):
+        if sys.argv[2] == "lock" and name == PUBLISH_LOCK_BRANCH:
+            os._exit(9)
+        return super().create_branch(name, source)
+
+    def commit(self, branch, *args, **kwargs):
+        if sys.argv[2] == "holder":
+            os._exit(9)
+        return super().commit(branch, *args, **kwargs)
+
+    def delete_branch(self, name):
+        taken = PUBLISH_LOCK_BRANCH in self.list_branches()
+        if sys.argv[2] == "cleanup" and name == lock_candidate_branch("run-killed") and taken:
+            os._exit(9)
+        return super().delete_branch(name)
+
+with publish_lock(KilledAt(sys.argv[1]), "run-killed"):
+    pass
+"""
+
+
+@pytest.mark.parametrize("moment", ["holder", "lock", "cleanup"])
+def test_a_publisher_killed_at_any_step_of_taking_the_lock_never_leaves_a_lock_without_its_holder(repo, moment):
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_TAKING_THE_LOCK, str(repo.root), moment])
+    assert killed.wait() == 9, f"the publisher was to die at {moment}"
+    branches = repo.list_branches()
+    assert lock_candidate_branch("run-killed") in branches, "the candidate is left, as after a kill"
+    holder = publish_in_progress(repo)
+    if moment == "cleanup":  # the lock was taken: it names the dead process, which is judged dead
+        assert holder["flow_run_id"] == "run-killed" and holder["pid"] == str(killed.pid)
+    else:
+        assert holder is None and PUBLISH_LOCK_BRANCH not in branches
+    with publish_lock(repo, "run-next", wait_s=0):  # no wait either way
+        assert publish_in_progress(repo)["flow_run_id"] == "run-next"
+    assert flow_run_of_branch(lock_candidate_branch("run-killed")) == "run-killed", (
+        "the janitor judges a left candidate by its flow run, as it judges the run branch"
+    )
 
 
 def test_a_dead_lock_is_only_deleted_while_it_is_still_the_lock_that_was_judged(repo):
