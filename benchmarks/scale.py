@@ -41,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +252,26 @@ def worker_peaks() -> dict[str, Any]:
     return {"pid": os.getpid(), "peak_rss_mb": peak_rss_mb(), "rss_mb": psutil.Process().memory_info().rss / 2**20}
 
 
+@contextmanager
+def workers_sampled_after_each_step(client: Any) -> Iterator[dict[str, Any]]:
+    """After each step of the dedup shuffle: every worker's peak and current RSS (MB), so the
+    step that sets a worker's peak can be read off."""
+    from tasks.dedup.shuffle import ShuffleStats
+
+    by_step: dict[str, Any] = {}
+    step = ShuffleStats.step
+
+    def sampled(self: ShuffleStats, name: str, work: Any, items: Any) -> None:
+        step(self, name, work, items)
+        by_step[name] = [[round(w["peak_rss_mb"]), round(w["rss_mb"])] for w in client.run(worker_peaks).values()]
+
+    ShuffleStats.step = sampled
+    try:
+        yield by_step
+    finally:
+        ShuffleStats.step = step
+
+
 def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Dedup of ``--memory-docs`` documents on a 2-worker cluster limited to ``--memory-limit``."""
     import pyarrow as pa
@@ -292,7 +314,8 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         out["generate_seconds"] = round(time.perf_counter() - started, 1)
         rss_before = peak_rss_mb()
         started = time.perf_counter()
-        result = run_stage(run_dedup, repo, "main", commit, config)
+        with workers_sampled_after_each_step(client) as by_step:
+            result = run_stage(run_dedup, repo, "main", commit, config)
         out["dedup_seconds"] = round(time.perf_counter() - started, 1)
         peaks = client.run(worker_peaks)
     out["removed"] = result.report["documents_in"] - result.report["kept"]
@@ -313,6 +336,7 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     out["corpus_over_limit_minus_idle_worker"] = round(in_memory_bytes / max(limit - idle_rss, 1), 2)
     out["text_mb"] = result.report["extra"]["shingled_megabytes"]
     out["seconds_by_step"] = result.report["extra"]["seconds_by_step"]
+    out["worker_rss_mb_after_step"] = by_step
     return out
 
 

@@ -17,7 +17,7 @@ not depend on which runner ran them (``tests/flows/test_curate_runners.py``).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
@@ -42,6 +42,10 @@ def task_runner(spec: str, workers: int = 1, memory_limit: str = "auto") -> Task
             "processes": True,
             "memory_limit": memory_limit,
             "dashboard_address": None,
+            # Arrow's default pool (mimalloc) keeps the pages a finished partition freed, so a
+            # worker's RSS only grows and Dask pauses it at 80% of memory_limit with nothing to
+            # spill: the system allocator, with the MALLOC_TRIM_THRESHOLD_ Dask sets, returns them.
+            "env": {"ARROW_DEFAULT_MEMORY_POOL": "system"},
         }
         return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=cluster)
     raise ValueError(
@@ -58,5 +62,18 @@ def partitions_on(spec: str, workers: int = 1, memory_limit: str = "auto") -> It
             yield None
         return
     runner = task_runner(spec, workers, memory_limit)
-    with runner, use(OnTaskRunner(runner)):
+    with dask_worker_config(spec), runner, use(OnTaskRunner(runner)):
         yield runner
+
+
+def dask_worker_config(spec: str) -> AbstractContextManager[Any]:
+    """Dask settings for the workers of a ``LocalCluster`` started for the run (a nanny hands its
+    config to the worker it spawns). Pausing is off: a stage's partitions hold their data as
+    unmanaged memory, which a paused worker can neither spill nor free, so a worker past 80% of
+    ``memory_limit`` would wait forever (seen in ``benchmarks/scale.py``); past 95% the nanny
+    still restarts it and the partition task is retried."""
+    if spec != "dask":
+        return nullcontext()
+    import dask
+
+    return dask.config.set({"distributed.worker.memory.pause": False})

@@ -72,5 +72,21 @@ def test_a_scheduler_address_becomes_a_dask_task_runner_on_it():
     assert isinstance(runner, DaskTaskRunner) and runner.address == "tcp://scheduler:8786"
     local = task_runner("dask", 2, "512MiB")
     assert local.cluster_kwargs == {
-        "n_workers": 2, "threads_per_worker": 1, "processes": True, "memory_limit": "512MiB", "dashboard_address": None
+        "n_workers": 2, "threads_per_worker": 1, "processes": True, "memory_limit": "512MiB", "dashboard_address": None,
+        "env": {"ARROW_DEFAULT_MEMORY_POOL": "system"},
     }
+
+
+def _worker_settings() -> tuple[object, str]:
+    import dask
+    import pyarrow as pa
+
+    return dask.config.get("distributed.worker.memory.pause"), pa.default_memory_pool().backend_name
+
+
+def test_workers_of_a_cluster_started_for_the_run_never_pause_and_use_the_system_allocator():
+    from flows.runners import partitions_on
+
+    with partitions_on("dask", 1, "1GiB") as runner:
+        settings = list(runner.client.run(_worker_settings).values())
+    assert settings == [(False, "system")], "a paused worker holding unmanaged memory would wait forever"
