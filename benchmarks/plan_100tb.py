@@ -3,7 +3,7 @@ stated assumptions.
 
 Measured (``benchmarks/results/``): ingest + validate bytes per CPU-second of the whole stage
 (``ingest_filter.json``, ``full_stage_once``); dedup as the shuffle, documents per core-second
-of the memory bar (``scale.json``: wall seconds on 2 worker processes, 5,000-document parts)
+of the memory bar (``scale.json``: wall seconds on 2 worker processes, 10,000-document parts)
 plus shingling bytes per CPU-second (``dedup.json``); tokenize + shard bytes per second on one
 worker (``shard.json``); the Prefect + Dask overhead per partition task, and contents, candidate
 pairs and index bytes per document (``scale.json``). The scaling run's own per-core rates are
@@ -108,8 +108,15 @@ def main() -> int:
         "candidate pairs + attached signature": contents * pairs_per_content * (EDGE_BYTES + num_perm_bytes),
     }
     edges = contents * edges_per_content * EDGE_BYTES
-    # buckets so that one bucket's signatures and band keys take a quarter of a worker's memory
-    bucket_budget = args.worker_memory_gib * 2**30 / 4
+    # A bucket step holds several copies of its contents' signatures and band keys (Arrow, NumPy,
+    # the scatter): the memory bar's worker peak rise in the contents step over its bucket's
+    # in-memory bytes. Buckets are sized so that this takes half of a worker's memory.
+    bar_contents = bar["documents"] * contents_per_doc / bar["buckets"]
+    bar_bucket_bytes = bar_contents * (num_perm_bytes + bands * 8)
+    steps = bar["worker_rss_mb_after_step"]
+    rise = max(c[0] - s[0] for c, s in zip(steps["contents"], steps["signatures"], strict=True)) * 2**20
+    amplification = max(rise / bar_bucket_bytes, 1.0)
+    bucket_budget = args.worker_memory_gib * 2**30 / 2 / amplification
     buckets = 2 ** math.ceil(math.log2(contents * (num_perm_bytes + bands * 8) / bucket_budget))
     tasks["dedup"] += 8 * buckets
     index_bytes_per_doc = dedup_facts["index_bytes"] / one["documents"]["validated"]
@@ -155,8 +162,9 @@ def main() -> int:
     for what, size in shuffle.items():
         print(f"| dedup shuffle: {what} | {human(size)} |")
     print(f"| dedup shuffle: total | {human(sum(shuffle.values()))} |")
-    print(f"| dedup buckets (DedupConfig.buckets; a bucket's signatures + band keys = 1/4 of {args.worker_memory_gib:g} GiB) "
+    print(f"| dedup buckets (DedupConfig.buckets; a bucket step's peak, {amplification:.1f}x its signatures + band keys, = 1/2 of {args.worker_memory_gib:g} GiB) "
           f"| {buckets:,} |")
+    print(f"| dedup shuffle objects per bucket-to-bucket step (one per producing and receiving bucket) | {buckets**2:,} |")
     print(f"| verified edges (the union-find's input) | {human(edges)} |")
     print(f"| dedup index (`index/minhash/`, {index_bytes_per_doc:.0f} B per document) | {human(docs_validated * index_bytes_per_doc)} |")
     print(f"| tokens | {human(tokens, '')} |")
