@@ -17,7 +17,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from flows import publish_guard
 from flows.curate import curate
-from flows.wap import MAIN, RUN_BRANCH_PREFIX
+from flows.wap import MAIN, RUN_BRANCH_PREFIX, flow_run_of_branch
 from formats.layout import STAGES
 from tests.flows.curate_support import column, params_for, stage_outcomes, write_corpus
 from tests.lakefs_double import FaultConfig, LakeFSDouble
@@ -29,7 +29,6 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 REPOSITORY = "curate-e2e"
 BACKGROUND_FAULTS = FaultConfig(error_rate=0.1, drop_rate=0.1, seed=7)
 OUTAGE = FaultConfig(error_rate=1.0)
-OUTAGE_SECONDS = 8.0  # longer than the adapter's own retries (6 attempts, at most ~3 s of waiting)
 
 
 @pytest.fixture
@@ -44,7 +43,10 @@ def double(tmp_path, monkeypatch):
 
 
 def _outage_mid_shard(double: LakeFSDouble, probe: LakeFSRepo, done: threading.Event, fired: list) -> None:
-    """Cut lakeFS off for OUTAGE_SECONDS once the shard stage has written its tokenizer (uncommitted)."""
+    """Cut lakeFS off once the shard stage has written its tokenizer (uncommitted), and keep it
+    off until the shard stage has failed once (its task run waits for a retry): an event, not a
+    duration, since on a loaded machine the stage may tokenize for longer than any fixed outage
+    without calling lakeFS at all."""
     while not done.is_set():
         try:
             writing = [
@@ -56,12 +58,23 @@ def _outage_mid_shard(double: LakeFSDouble, probe: LakeFSRepo, done: threading.E
         except NotFound:  # the repository or the branch does not exist (yet, or any more)
             writing = []
         for branch in writing:
-                double.faults = OUTAGE
-                fired.append(branch)
-                done.wait(OUTAGE_SECONDS)
-                double.faults = BACKGROUND_FAULTS
-                return
+            double.faults = OUTAGE
+            fired.append(branch)
+            flow_run_id = flow_run_of_branch(branch)
+            while not done.is_set() and not _shard_failed_once(flow_run_id):
+                done.wait(0.2)
+            double.faults = BACKGROUND_FAULTS
+            return
         done.wait(0.02)
+
+
+def _shard_failed_once(flow_run_id: str) -> bool:
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return any(
+        r.name.startswith("shard") and (r.run_count > 1 or (r.state is not None and r.state.name == "AwaitingRetry"))
+        for r in runs
+    )
 
 
 def _attempts(flow_run_id) -> dict[str, int]:
