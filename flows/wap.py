@@ -175,10 +175,14 @@ def _take_over_dead_lock(repo: DataRepo, lock_commit: str, holder: dict[str, str
         "publish lock of flow run %s (process %s on %s) is held by a dead process; taking it over",
         holder["flow_run_id"], holder["pid"], holder["host"],
     )  # fmt: skip
+    _delete_if_present(repo, PUBLISH_LOCK_BRANCH)  # the janitor may have freed it meanwhile
+
+
+def _delete_if_present(repo: DataRepo, branch: str) -> None:
     try:
-        repo.delete_branch(PUBLISH_LOCK_BRANCH)
+        repo.delete_branch(branch)
     except NotFound:
-        pass  # the janitor freed it meanwhile
+        pass
 
 
 def _take_lock(repo: DataRepo, flow_run_id: str) -> None:
@@ -186,10 +190,7 @@ def _take_lock(repo: DataRepo, flow_run_id: str) -> None:
     holder commit is made on this run's candidate branch first: creating the lock branch is the
     one atomic step, so the lock never exists without its holder."""
     candidate = lock_candidate_branch(flow_run_id)
-    try:
-        repo.delete_branch(candidate)  # left by a killed attempt of this flow run
-    except NotFound:
-        pass
+    _delete_if_present(repo, candidate)  # left by a killed attempt of this flow run
     repo.create_branch(candidate, MAIN)
     try:
         holder = {
@@ -202,10 +203,7 @@ def _take_lock(repo: DataRepo, flow_run_id: str) -> None:
         commit = repo.commit(candidate, f"publish lock held by flow run {flow_run_id}", holder, allow_empty=True)
         repo.create_branch(PUBLISH_LOCK_BRANCH, commit.id)
     finally:
-        try:
-            repo.delete_branch(candidate)
-        except NotFound:
-            pass
+        _delete_if_present(repo, candidate)
 
 
 @contextmanager
@@ -234,10 +232,7 @@ def publish_lock(repo: DataRepo, flow_run_id: str, wait_s: float = 120.0, poll_s
     try:
         yield
     finally:
-        try:
-            repo.delete_branch(PUBLISH_LOCK_BRANCH)
-        except NotFound:
-            pass
+        _delete_if_present(repo, PUBLISH_LOCK_BRANCH)
 
 
 def published_record(repo: DataRepo, ref: str, depth: int = 16) -> PublishRecord | None:
