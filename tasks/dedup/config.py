@@ -54,6 +54,12 @@ class DedupConfig(BaseModel):
         description="hash buckets of the dedup shuffle: each worker holds about 1/buckets of the "
         "signatures and band keys; raise it with the corpus (results do not depend on it)",
     )
+    slice_bytes: int = Field(
+        16 << 20,
+        ge=1 << 10,
+        description="Parquet bytes of a bucket that a worker holds at once: a bucket step whose "
+        "inputs are larger works through them in slices (results do not depend on it)",
+    )
     batch_bytes: int = Field(
         1 << 20,
         ge=1 << 12,

@@ -63,6 +63,7 @@ def run_dedup(repo: DataRepo, branch: str, input_commit: str, config: DedupConfi
         "bands": bands,
         "rows": rows,
         "buckets": config.buckets,
+        "bucket_slices": numbers.get("bucket_slices", 0),
         "candidate_pairs": numbers.get("candidate_pairs", 0),
         "verified_pairs": numbers.get("verified_pairs", 0),
         "clusters_with_duplicates": numbers.get("clusters_with_duplicates", 0),

@@ -53,10 +53,10 @@ def bucketed(repo: LocalRepo, branch: str, input_commit: str, config: DedupConfi
     return result, rows_by_id(kept, *KEPT), removed
 
 
-@pytest.mark.parametrize("buckets", [1, 3, 8])
-def test_the_bucketed_plan_decides_every_row_as_the_in_memory_plan(tmp_path, buckets):
+@pytest.mark.parametrize(("buckets", "slice_bytes"), [(1, 16 << 20), (3, 16 << 20), (8, 16 << 20), (1, 8192), (3, 4096)])
+def test_the_bucketed_plan_decides_every_row_as_the_in_memory_plan(tmp_path, buckets, slice_bytes):
     parts = corpus(7)
-    config = DedupConfig(buckets=buckets, bucket_window=4)
+    config = DedupConfig(buckets=buckets, bucket_window=4, slice_bytes=slice_bytes)
     expected_kept, expected_removed = in_memory(parts, config)
     assert {r for r, _, _ in expected_removed.values()} == {"exact_duplicate", "near_duplicate"}
     assert len(expected_removed) > 40
@@ -68,6 +68,9 @@ def test_the_bucketed_plan_decides_every_row_as_the_in_memory_plan(tmp_path, buc
     assert kept == expected_kept
     assert removed == expected_removed
     assert result.report["extra"]["buckets"] == buckets
+    # contents, pairs, attach and verify visit each bucket once, or in slices when it is larger
+    sliced = result.report["extra"]["bucket_slices"]
+    assert sliced == 4 * buckets if slice_bytes == 16 << 20 else sliced > 4 * buckets * 3
     repo.close()
 
 
@@ -102,9 +105,10 @@ def test_incremental_runs_match_the_in_memory_plan_against_the_published_index(t
     v2_new = documents([t.replace(" ", "  ", 3) + " more" for t in code_texts[:40]] + texts[:5], "news")
     v2 = {"web": [v2_web.slice(0, 100), v2_web.slice(100)], "news": [v2_new]}
 
-    for buckets in (4, 6):  # the same bucket count as v1's index, and another (filtered on read)
-        config = DedupConfig(buckets=buckets)
-        branch = f"curate-2-{buckets}"
+    # the same bucket count as v1's index, another (filtered on read), and buckets cut in slices
+    for buckets, slice_bytes in ((4, 16 << 20), (6, 16 << 20), (4, 4096)):
+        config = DedupConfig(buckets=buckets, slice_bytes=slice_bytes)
+        branch = f"curate-2-{buckets}-{slice_bytes}"
         repo.create_branch(branch, "main")
         input_commit = put_filtered(repo, branch, v2, "v2 validated")
         published = load_published(repo, input_commit, config)

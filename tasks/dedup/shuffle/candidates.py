@@ -17,20 +17,26 @@ from tasks.dedup.minhash import EMPTY_SLOT, band_keys, signatures
 from tasks.dedup.plan import _byte_batches, _quality, keys_from_arrow, keys_to_arrow
 from tasks.dedup.shingles import shingle_hashes
 from tasks.dedup.shuffle.scratch import (
+    CONTENT_KEYS,
     DOCS,
-    KEY,
     NEEDS,
     PAIRS,
     ROWS,
     Bucket,
+    BucketWriter,
     Part,
     ShuffleRun,
+    SlicedInput,
+    StreamedFile,
     band_schema,
     batch_content_keys,
+    halves_schema,
     matrix,
     read_input,
     signature_array,
     signature_schema,
+    slice_of_band_key,
+    slice_of_content,
 )
 from tasks.parts import put_table
 
@@ -161,14 +167,49 @@ def resolve_step(bucket: Bucket) -> dict[str, int]:
 
 
 def contents_step(bucket: Bucket) -> dict[str, int]:
+    """Each live content's signature (new or published) and band keys, slice by slice."""
     run, config = bucket.run, bucket.run.config
+    by_content = slice_of_content("content_key")
+    inputs = [
+        SlicedInput(run.at("docs", bucket.bucket), CONTENT_KEYS, by_content),
+        SlicedInput(run.at("signatures", bucket.bucket), signature_schema(config.num_perm), by_content),
+    ]
+    counts = {"contents": 0, "band_keys_reused": 0, "bucket_slices": 0}
+    with (
+        StreamedFile(run.repo, run.branch, bucket_file(run.index_run, "contents", bucket.bucket)) as index,
+        StreamedFile(run.repo, run.branch, run.at("live", bucket.bucket, "signatures")) as live_out,
+        BucketWriter(run, "bands", bucket.producer) as bands_out,
+    ):
+        for s, slices, (docs, new) in run.in_slices(inputs):
+            published, usable = published_contents(
+                run.repo, run.input_commit, list(run.published), bucket.bucket, run.buckets, config.banding
+            )
+            if slices > 1 and published.num_rows:
+                mine = by_content(published, slices) == s
+                published, usable = published.filter(pa.array(mine)), usable[mine]
+            live = np.unique(keys_from_arrow(docs.column("content_key")))
+            slice_counts = _contents_of_slice(
+                run, bucket, live, new, published, usable, index, live_out, bands_out
+            )
+            for key, value in slice_counts.items():
+                counts[key] += value
+            counts["bucket_slices"] += 1
+    return counts
+
+
+def _contents_of_slice(
+    run: ShuffleRun,
+    bucket: Bucket,
+    live: np.ndarray,
+    new: pa.Table,
+    published: pa.Table,
+    usable: np.ndarray,
+    index: StreamedFile,
+    live_out: StreamedFile,
+    bands_out: BucketWriter,
+) -> dict[str, int]:
+    config = run.config
     bands, rows_per_band = config.banding
-    docs = run.read(run.at("docs", bucket.bucket), DOCS)
-    live = np.unique(keys_from_arrow(docs.column("content_key")))
-    new = run.read(run.at("signatures", bucket.bucket), signature_schema(config.num_perm))
-    published, usable = published_contents(
-        run.repo, run.input_commit, list(run.published), bucket.bucket, run.buckets, config.banding
-    )
     signature = np.zeros((len(live), config.num_perm), np.uint32)
     keys = np.zeros((len(live), bands), np.uint64)
     found = np.zeros(len(live), bool)
@@ -184,24 +225,20 @@ def contents_step(bucket: Bucket) -> dict[str, int]:
         if with_keys.any():
             keys[at[with_keys]] = matrix(published.column("band_keys").filter(pa.array(with_keys)), bands)
             stored[at[with_keys]] = True
+    fresh = np.zeros(len(live), bool)
     if new.num_rows:
         at = np.searchsorted(live, keys_from_arrow(new.column("content_key")))
         signature[at] = matrix(new.column("signature"), config.num_perm)
-        fresh = np.zeros(len(live), bool)
         fresh[at] = ~found[at]
         found[at] = True
-    else:
-        fresh = np.zeros(len(live), bool)
+    del new, published
     if not found.all():
         raise AssertionError(
             f"dedup bucket {bucket.bucket}: {int((~found).sum())} contents have no signature"
         )
     keys[~stored] = band_keys(signature[~stored], bands, rows_per_band)
     if fresh.any():
-        put_table(
-            run.repo,
-            run.branch,
-            bucket_file(run.index_run, "contents", bucket.bucket),
+        index.write(
             pa.table(
                 {
                     "content_key": keys_to_arrow(live[fresh]),
@@ -210,31 +247,27 @@ def contents_step(bucket: Bucket) -> dict[str, int]:
                         pa.array(keys[fresh].reshape(-1), pa.uint64()), bands
                     ),
                 }
-            ),
+            )
         )
     eligible = ~np.all(signature == EMPTY_SLOT, axis=1)  # no shingles: exact matches only
-    run.put(
-        run.at("live", bucket.bucket, "signatures"),
+    live_out.write(
         pa.table(
             [keys_to_arrow(live[eligible]), signature_array(signature[eligible])],
             schema=signature_schema(config.num_perm),
-        ),
+        )
     )
     n = int(eligible.sum())
+    del signature
+    band_key = keys[eligible].reshape(-1)
     records = pa.table(
         [
             pa.array(np.repeat(np.arange(bands, dtype=np.int32)[None, :], n, axis=0).reshape(-1)),
-            pa.array(keys[eligible].reshape(-1)),
+            pa.array(band_key),
             keys_to_arrow(np.repeat(live[eligible], bands)),
         ],
         schema=band_schema(),
     )
-    run.scatter(
-        "bands",
-        records,
-        (records.column("key").to_numpy() % np.uint64(run.buckets)).astype(np.int64),
-        bucket.producer,
-    )
+    bands_out.write(records, (band_key % np.uint64(run.buckets)).astype(np.int64))
     return {"contents": len(live), "band_keys_reused": int(stored.sum())}
 
 
@@ -244,29 +277,36 @@ def contents_step(bucket: Bucket) -> dict[str, int]:
 def pairs_step(bucket: Bucket) -> dict[str, int]:
     """Candidate pairs of one band-key bucket, by the window rule over content-key order."""
     run = bucket.run
-    records = run.read(run.at("bands", bucket.bucket), band_schema())
+    by_band_key = slice_of_band_key(run.buckets)
+    slices = 0
+    with BucketWriter(run, "pairs", bucket.producer) as pairs_out:
+        for _, _, (records,) in run.in_slices(
+            [SlicedInput(run.at("bands", bucket.bucket), band_schema(), by_band_key)]
+        ):
+            slices += 1
+            a, b = _pairs_of_slice(records, run.config.bucket_window)
+            pairs_out.write(
+                pa.table([keys_to_arrow(a), keys_to_arrow(b)], schema=PAIRS), content_buckets(a, run.buckets)
+            )
+    return {"bucket_slices": slices}
+
+
+def _pairs_of_slice(records: pa.Table, window: int) -> tuple[np.ndarray, np.ndarray]:
     content = keys_from_arrow(records.column("content_key"))
     band = records.column("band").to_numpy()
     key = records.column("key").to_numpy()
     order = np.lexsort((content, key, band))
     band, key, content = band[order], key[order], content[order]
     left, right = [], []
-    for distance in range(1, run.config.bucket_window + 1):
+    for distance in range(1, window + 1):
         same = (band[distance:] == band[:-distance]) & (key[distance:] == key[:-distance])
         if not same.any():
             break
         left.append(content[:-distance][same])
         right.append(content[distance:][same])
     if not left:
-        return {}
-    a, b = _split(np.unique(np.concatenate([_pair_codes(x, y) for x, y in zip(left, right, strict=True)])))
-    run.scatter(
-        "pairs",
-        pa.table([keys_to_arrow(a), keys_to_arrow(b)], schema=PAIRS),
-        content_buckets(a, run.buckets),
-        bucket.producer,
-    )
-    return {}
+        return np.zeros(0, "S16"), np.zeros(0, "S16")
+    return _split(np.unique(np.concatenate([_pair_codes(x, y) for x, y in zip(left, right, strict=True)])))
 
 
 def _split(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -286,42 +326,65 @@ def _pair_codes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return raw.view("V32").reshape(-1)
 
 
-def _live_signatures(run: ShuffleRun, bucket: int) -> tuple[np.ndarray, np.ndarray]:
-    live = run.read(run.at("live", bucket), signature_schema(run.config.num_perm))
-    return keys_from_arrow(live.column("content_key")), matrix(live.column("signature"), run.config.num_perm)
+def _signatures_of(live: pa.Table, keys: np.ndarray, num_perm: int) -> np.ndarray:
+    """The live signature of each of ``keys`` (every one is live: pairs join live contents); the
+    live file is in slice order, not sorted, so this looks keys up by hash."""
+    at = pc.index_in(keys_to_arrow(keys), value_set=live.column("content_key"))
+    if at.null_count:
+        raise AssertionError(f"{at.null_count} paired contents have no live signature")
+    return matrix(live.column("signature").take(at), num_perm)
 
 
 def attach_step(bucket: Bucket) -> dict[str, int]:
     """Unique candidate pairs whose first content is in this bucket, with its signature."""
-    run = bucket.run
-    pairs = run.read(run.at("pairs", bucket.bucket), PAIRS)
-    if pairs.num_rows == 0:
-        return {"candidate_pairs": 0}
-    a, b = _split(
-        np.unique(_pair_codes(keys_from_arrow(pairs.column("a")), keys_from_arrow(pairs.column("b"))))
-    )
-    live, signature = _live_signatures(run, bucket.bucket)
-    half = pa.table(
-        [keys_to_arrow(a), keys_to_arrow(b), signature_array(signature[np.searchsorted(live, a)])],
-        names=["a", "b", "signature_a"],
-    )
-    run.scatter("halves", half, content_buckets(b, run.buckets), bucket.producer)
-    return {"candidate_pairs": len(a)}
+    run, num_perm = bucket.run, bucket.run.config.num_perm
+    inputs = [
+        SlicedInput(run.at("pairs", bucket.bucket), PAIRS, slice_of_content("a")),
+        SlicedInput(
+            run.at("live", bucket.bucket), signature_schema(num_perm), slice_of_content("content_key")
+        ),
+    ]
+    candidates = slices = 0
+    with BucketWriter(run, "halves", bucket.producer) as halves_out:
+        for _, _, (pairs, live) in run.in_slices(inputs):
+            slices += 1
+            if pairs.num_rows == 0:
+                continue
+            a, b = _split(
+                np.unique(_pair_codes(keys_from_arrow(pairs.column("a")), keys_from_arrow(pairs.column("b"))))
+            )
+            del pairs
+            half = pa.table(
+                [keys_to_arrow(a), keys_to_arrow(b), signature_array(_signatures_of(live, a, num_perm))],
+                schema=halves_schema(num_perm),
+            )
+            halves_out.write(half, content_buckets(b, run.buckets))
+            candidates += len(a)
+    return {"candidate_pairs": candidates, "bucket_slices": slices}
 
 
 def verify_step(bucket: Bucket) -> dict[str, int]:
     run, config = bucket.run, bucket.run.config
-    schema = pa.schema([("a", KEY), ("b", KEY), ("signature_a", pa.list_(pa.uint32(), config.num_perm))])
-    halves = run.read(run.at("halves", bucket.bucket), schema)
-    if halves.num_rows == 0:
-        return {"verified_pairs": 0}
-    live, signature = _live_signatures(run, bucket.bucket)
-    first = matrix(halves.column("signature_a"), config.num_perm)
-    second_rows = np.searchsorted(live, keys_from_arrow(halves.column("b")))
-    similarity = np.empty(halves.num_rows, np.float64)
-    for start in range(0, halves.num_rows, 8192):  # as tasks.dedup.minhash.estimated_similarity
-        stop = start + 8192
-        similarity[start:stop] = (first[start:stop] == signature[second_rows[start:stop]]).mean(axis=1)
-    verified = similarity >= config.threshold
-    run.put(run.at("edges", bucket.bucket, "edges"), halves.select(["a", "b"]).filter(pa.array(verified)))
-    return {"verified_pairs": int(verified.sum())}
+    inputs = [
+        SlicedInput(run.at("halves", bucket.bucket), halves_schema(config.num_perm), slice_of_content("b")),
+        SlicedInput(
+            run.at("live", bucket.bucket), signature_schema(config.num_perm), slice_of_content("content_key")
+        ),
+    ]
+    verified_pairs = slices = 0
+    with StreamedFile(run.repo, run.branch, run.at("edges", bucket.bucket, "edges")) as edges_out:
+        for _, _, (halves, live) in run.in_slices(inputs):
+            slices += 1
+            if halves.num_rows == 0:
+                continue
+            first = matrix(halves.column("signature_a"), config.num_perm)
+            second = _signatures_of(live, keys_from_arrow(halves.column("b")), config.num_perm)
+            # as tasks.dedup.minhash.estimated_similarity, in row blocks to bound the comparison
+            similarity = np.empty(halves.num_rows, np.float64)
+            for start in range(0, halves.num_rows, 8192):
+                stop = start + 8192
+                similarity[start:stop] = (first[start:stop] == second[start:stop]).mean(axis=1)
+            verified = similarity >= config.threshold
+            edges_out.write(halves.select(["a", "b"]).filter(pa.array(verified)))
+            verified_pairs += int(verified.sum())
+    return {"verified_pairs": verified_pairs, "bucket_slices": slices}

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from tasks.dedup.config import DedupConfig
 from tasks.dedup.index import PublishedRun
-from tasks.dedup.plan import REQUIRED_COLUMNS, _byte_batches
+from tasks.dedup.plan import REQUIRED_COLUMNS, _byte_batches, keys_from_arrow
 from tasks.dedup.shingles import content_keys
 from tasks.parts import list_parts, put_table, read_part
-from versioning import DataRepo
+from versioning import DataRepo, validate_path
 
 KEY = pa.binary(16)
 
@@ -44,17 +49,177 @@ class ShuffleRun:
 
     def read(self, folder: str, schema: pa.Schema) -> pa.Table:
         """Every file under a scratch folder of the branch, in path order (empty: ``schema``)."""
-        tables = [read_part(self.repo, self.branch, p) for p in list_parts(self.repo, self.branch, folder)]
+        tables = [
+            read_part(self.repo, self.branch, p, schema.names)
+            for p in list_parts(self.repo, self.branch, folder)
+        ]
         return pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
 
     def scatter(self, step: str, table: pa.Table, bucket: np.ndarray, producer: str) -> None:
         """Write the rows of ``table`` to the bucket each belongs to (one file per non-empty bucket)."""
-        order = np.argsort(bucket, kind="stable")
-        ordered, table = bucket[order], table.take(pa.array(order))
-        bounds = np.flatnonzero(np.diff(ordered)) + 1
-        for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(ordered)], strict=True):
-            if stop > start:
-                self.put(self.at(step, int(ordered[start]), producer), table.slice(start, stop - start))
+        with BucketWriter(self, step, producer) as writer:
+            writer.write(table, bucket)
+
+    def in_slices(self, inputs: list[SlicedInput]) -> Iterator[tuple[int, int, list[pa.Table]]]:
+        """``(s, slices, tables)``: the tables of ``inputs``, one slice at a time (every input's
+        rows of slice ``s`` together).
+
+        A bucket whose input files hold more than ``config.slice_bytes`` is cut into
+        ``ceil(bytes / slice_bytes)`` slices by each row's :func:`slice_of` key, spilled to local
+        Arrow IPC files in one pass over the files, then read back slice by slice: a bucket step
+        holds one slice and one input file, not its bucket. Equal keys always share a slice, so
+        a step that groups by its key gives the same results whatever the slice count.
+        """
+        listed = [
+            [
+                (o.path, o.size)
+                for o in self.repo.list(self.branch, i.folder.rstrip("/") + "/")
+                if o.path.endswith(".parquet")
+            ]
+            for i in inputs
+        ]
+        total = sum(size for files in listed for _, size in files)
+        slices = max(1, math.ceil(total / self.config.slice_bytes))
+        if slices == 1:
+            yield 0, 1, [self.read(i.folder, i.schema) for i in inputs]
+            return
+        with tempfile.TemporaryDirectory(prefix="tokenlake-dedup-slices-") as spill:
+            names: list[list[str | None]] = [[None] * slices for _ in inputs]
+            for n, (sliced, files) in enumerate(zip(inputs, listed, strict=True)):
+                writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+                try:
+                    for path, _ in sorted(files):
+                        table = read_part(self.repo, self.branch, path, sliced.schema.names).cast(
+                            sliced.schema
+                        )
+                        for s, rows in _split_by(table, sliced.slice_of(table, slices)):
+                            if s not in writers:
+                                names[n][s] = os.path.join(spill, f"{n}-{s}.arrow")
+                                writers[s] = pa.ipc.new_stream(names[n][s], sliced.schema)
+                            writers[s].write_table(rows)
+                        del table
+                finally:
+                    for writer in writers.values():
+                        writer.close()
+            for s in range(slices):
+                yield (
+                    s,
+                    slices,
+                    [
+                        _read_spill(name[s]).cast(i.schema) if name[s] else i.schema.empty_table()
+                        for i, name in zip(inputs, names, strict=True)
+                    ],
+                )
+
+
+@dataclass(frozen=True)
+class SlicedInput:
+    """One input of a bucket step read in slices: its scratch folder, schema and each row's slice."""
+
+    folder: str
+    schema: pa.Schema
+    slice_of: Callable[[pa.Table, int], np.ndarray]
+
+
+def slice_of_content(column: str) -> Callable[[pa.Table, int], np.ndarray]:
+    """Slices by a 16-byte content key: its second 8 bytes (the first 8 chose the bucket)."""
+
+    def slice_of(table: pa.Table, slices: int) -> np.ndarray:
+        keys = np.frombuffer(
+            np.ascontiguousarray(keys_from_arrow(table.column(column)), "S16").tobytes(), "<u8"
+        )[1::2]
+        return (keys % np.uint64(slices)).astype(np.int64)
+
+    return slice_of
+
+
+def slice_of_band_key(buckets: int) -> Callable[[pa.Table, int], np.ndarray]:
+    """Slices by a uint64 band key: its quotient by ``buckets`` (the remainder chose the bucket)."""
+
+    def slice_of(table: pa.Table, slices: int) -> np.ndarray:
+        quotient = table.column("key").to_numpy() // np.uint64(buckets)
+        return (quotient % np.uint64(slices)).astype(np.int64)
+
+    return slice_of
+
+
+def _read_spill(path: str) -> pa.Table:
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_stream(source).read_all().combine_chunks()
+
+
+def _split_by(table: pa.Table, group: np.ndarray) -> Iterator[tuple[int, pa.Table]]:
+    """``(g, rows of group g)`` for each non-empty group, in group order, rows in table order."""
+    order = np.argsort(group, kind="stable")
+    ordered, table = group[order], table.take(pa.array(order))
+    bounds = np.flatnonzero(np.diff(ordered)) + 1
+    for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(ordered)], strict=True):
+        if stop > start:
+            yield int(ordered[start]), table.slice(start, stop - start)
+
+
+class StreamedFile:
+    """One Parquet object written in several row groups through a local file, put when closed
+    (nothing is put if nothing was written)."""
+
+    def __init__(self, repo: DataRepo, branch: str, path: str):
+        self.repo, self.branch, self.path = repo, branch, validate_path(path)
+        self._local: str | None = None
+        self._writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        if self._writer is None:
+            handle, self._local = tempfile.mkstemp(prefix="tokenlake-dedup-", suffix=".parquet")
+            os.close(handle)
+            self._writer = pq.ParquetWriter(self._local, table.schema, compression="zstd")
+        self._writer.write_table(table.combine_chunks())
+
+    def __enter__(self) -> StreamedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(put=exc[0] is None)
+
+    def close(self, put: bool = True) -> None:
+        if self._writer is None or self._local is None:
+            return
+        try:
+            self._writer.close()
+            if put:
+                self.repo.put(self.branch, self.path, self._local)
+        finally:
+            os.unlink(self._local)
+            self._writer = self._local = None
+
+
+class BucketWriter:
+    """One step's output rows, written across several calls, to the file of the bucket each row
+    belongs to (``run.at(step, bucket, producer)``, one per non-empty bucket), put when the
+    writer closes. A step that works in slices therefore still writes one object per bucket,
+    not one per bucket and slice.
+    """
+
+    def __init__(self, run: ShuffleRun, step: str, producer: str):
+        self.run, self.step, self.producer = run, step, producer
+        self._files: dict[int, StreamedFile] = {}
+
+    def write(self, table: pa.Table, bucket: np.ndarray) -> None:
+        for b, rows in _split_by(table, bucket):
+            if b not in self._files:
+                self._files[b] = StreamedFile(
+                    self.run.repo, self.run.branch, self.run.at(self.step, b, self.producer)
+                )
+            self._files[b].write(rows)
+
+    def __enter__(self) -> BucketWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        files, self._files = self._files, {}
+        for b in sorted(files):  # after a failure, every local file is still removed
+            files[b].close(put=exc[0] is None)
 
 
 @dataclass(frozen=True)
@@ -91,6 +256,7 @@ ROWS = pa.schema(
         ("row", pa.int32()),
     ]
 )
+CONTENT_KEYS = pa.schema([("content_key", KEY)])
 NEEDS = pa.schema([("content_key", KEY), ("part", pa.int32())])
 DOCS = pa.schema([*ROWS, ("published", pa.bool_())])
 PAIRS = pa.schema([("a", KEY), ("b", KEY)])
@@ -121,6 +287,10 @@ DECISIONS = pa.schema(
 
 def signature_schema(num_perm: int) -> pa.Schema:
     return pa.schema([("content_key", KEY), ("signature", pa.list_(pa.uint32(), num_perm))])
+
+
+def halves_schema(num_perm: int) -> pa.Schema:
+    return pa.schema([("a", KEY), ("b", KEY), ("signature_a", pa.list_(pa.uint32(), num_perm))])
 
 
 def band_schema() -> pa.Schema:
