@@ -54,6 +54,7 @@ os.environ.setdefault("PREFECT_HOME", str(ROOT / ".prefect" / "benchmark"))
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from tasks.dedup.config import DedupConfig  # noqa: E402
 from tests.flows.curate_support import prose_document  # noqa: E402 - sentences the quality rules accept
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -119,7 +120,6 @@ def run_stages(work: Path, sources: list[dict[str, Any]], workers: int, corpus_b
     ``workers`` 0: the same partitions one after the other in this process, no Prefect and no Dask
     (the baseline of the overhead)."""
     from flows.runners import partitions_on
-    from tasks.dedup.config import DedupConfig
     from tasks.dedup.stage import run_dedup
     from tasks.ingest.config import IngestConfig
     from tasks.ingest.stage import run_ingest
@@ -277,26 +277,28 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import pyarrow as pa
     from dask.utils import parse_bytes
 
-    from tasks.dedup import DedupConfig, deduplicate
+    from tasks.dedup import deduplicate
     from tasks.dedup.stage import run_dedup
     from tasks.parts import read_parts
     from tasks.stage import run_stage
     from versioning.local import LocalRepo
 
-    config = DedupConfig(buckets=args.memory_buckets)
+    config = DedupConfig(buckets=args.memory_buckets, slice_bytes=args.memory_slice_bytes)
     bands, _ = config.banding
     limit = parse_bytes(args.memory_limit)
     out: dict[str, Any] = {"documents": args.memory_docs, "memory_limit_mb": round(limit / 2**20, 1),
-                           "buckets": config.buckets}
+                           "buckets": config.buckets, "slice_bytes": config.slice_bytes}
     with cluster_runner(2, args.memory_limit) as runner:
         client = runner.client
         idle = client.run(worker_peaks)
 
-        # a corpus that fits: the shuffle and the in-memory plan decide the same
+        # a corpus that fits: the shuffle, its buckets cut in slices as the big run's are, and
+        # the in-memory plan decide the same
         small = LocalRepo(work / "small")
         small.ensure()
         commit = put_corpus(small, args.check_docs, per_part=5_000, seed=2)
-        result = run_stage(run_dedup, small, "main", commit, config)
+        sliced = config.model_copy(update={"slice_bytes": args.check_slice_bytes})
+        result = run_stage(run_dedup, small, "main", commit, sliced)
         kept, quarantined, _ = deduplicate(list(read_parts(small, commit, "filtered/web")), config)
         stored = pa.concat_tables(read_parts(small, result.commit_id, "dedup"))
         stored_kept = sorted(zip(stored.column("id").to_pylist(), stored.column("dup_cluster").to_pylist(), strict=True))
@@ -305,6 +307,7 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "documents": args.check_docs,
             "removed": quarantined.num_rows,
             "identical_to_in_memory": stored_kept == expected_kept and result.report["kept"] == kept.num_rows,
+            "bucket_slices": result.report["extra"]["bucket_slices"],
         }
 
         repo = LocalRepo(work / "big")
@@ -336,6 +339,7 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     out["corpus_over_limit_minus_idle_worker"] = round(in_memory_bytes / max(limit - idle_rss, 1), 2)
     out["text_mb"] = result.report["extra"]["shingled_megabytes"]
     out["seconds_by_step"] = result.report["extra"]["seconds_by_step"]
+    out["bucket_slices"] = result.report["extra"]["bucket_slices"]
     out["worker_rss_mb_after_step"] = by_step
     return out
 
@@ -347,7 +351,11 @@ def main() -> int:
     parser.add_argument("--memory-limit", default="600MiB", help="LocalCluster memory_limit per worker")
     parser.add_argument("--memory-buckets", type=int, default=64, help="DedupConfig.buckets of the memory bar")
     parser.add_argument("--memory-part-docs", type=int, default=5_000, help="documents per input part of the memory bar")
+    parser.add_argument("--memory-slice-bytes", type=int, default=DedupConfig().slice_bytes,
+                        help="DedupConfig.slice_bytes of the memory bar")
     parser.add_argument("--check-docs", type=int, default=30_000, help="documents of the in-memory comparison")
+    parser.add_argument("--check-slice-bytes", type=int, default=64 << 10,
+                        help="DedupConfig.slice_bytes of the in-memory comparison (small: its buckets are cut too)")
     parser.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-memory", action="store_true", help="scaling and overhead only")
     parser.add_argument("--output", type=Path, default=RESULTS / "scale.json")
@@ -400,7 +408,9 @@ def main() -> int:
     if not args.skip_memory:
         command = [sys.executable, __file__, "--memory-only", "--memory-docs", str(args.memory_docs),
                    "--memory-limit", args.memory_limit, "--memory-buckets", str(args.memory_buckets),
-                   "--memory-part-docs", str(args.memory_part_docs), "--check-docs", str(args.check_docs)]
+                   "--memory-part-docs", str(args.memory_part_docs), "--check-docs", str(args.check_docs),
+                   "--memory-slice-bytes", str(args.memory_slice_bytes),
+                   "--check-slice-bytes", str(args.check_slice_bytes)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode == 0:
             memory = json.loads(done.stdout.strip().splitlines()[-1])
@@ -434,7 +444,8 @@ def main() -> int:
     args.output.write_text(json.dumps({
         "benchmark": "scale",
         "parameters": {"mb": args.mb, "memory_docs": args.memory_docs, "memory_limit": args.memory_limit,
-                       "memory_buckets": args.memory_buckets,
+                       "memory_buckets": args.memory_buckets, "memory_slice_bytes": args.memory_slice_bytes,
+                       "check_slice_bytes": args.check_slice_bytes,
                        "memory_part_docs": args.memory_part_docs, "check_docs": args.check_docs},
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                     "load_average_start": load_before, "load_average_end": load_after},
