@@ -197,29 +197,51 @@ class StreamedFile:
 class BucketWriter:
     """One step's output rows, written across several calls, to the file of the bucket each row
     belongs to (``run.at(step, bucket, producer)``, one per non-empty bucket), put when the
-    writer closes. A step that works in slices therefore still writes one object per bucket,
-    not one per bucket and slice.
+    writer closes: a step that works in slices still writes one object per bucket, not one per
+    bucket and slice. Rows wait in memory up to ``config.slice_bytes``, beyond that in local
+    Arrow IPC files (an open Parquet writer per bucket would cost megabytes each).
     """
 
     def __init__(self, run: ShuffleRun, step: str, producer: str):
         self.run, self.step, self.producer = run, step, producer
-        self._files: dict[int, StreamedFile] = {}
+        self._pending: dict[int, list[pa.Table]] = {}
+        self._pending_bytes = 0
+        self._spill: tempfile.TemporaryDirectory[str] | None = None
+        self._spilled: dict[int, list[str]] = {}
 
     def write(self, table: pa.Table, bucket: np.ndarray) -> None:
         for b, rows in _split_by(table, bucket):
-            if b not in self._files:
-                self._files[b] = StreamedFile(
-                    self.run.repo, self.run.branch, self.run.at(self.step, b, self.producer)
-                )
-            self._files[b].write(rows)
+            self._pending.setdefault(b, []).append(rows)
+            self._pending_bytes += rows.nbytes
+        if self._pending_bytes > self.run.config.slice_bytes:
+            self._spill_pending()
+
+    def _spill_pending(self) -> None:
+        if self._spill is None:
+            self._spill = tempfile.TemporaryDirectory(prefix="tokenlake-dedup-out-")
+        for b, tables in self._pending.items():
+            name = os.path.join(self._spill.name, f"{b}-{len(self._spilled.get(b, []))}.arrow")
+            with pa.ipc.new_stream(name, tables[0].schema) as writer:
+                for table in tables:
+                    writer.write_table(table)
+            self._spilled.setdefault(b, []).append(name)
+        self._pending, self._pending_bytes = {}, 0
 
     def __enter__(self) -> BucketWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        files, self._files = self._files, {}
-        for b in sorted(files):  # after a failure, every local file is still removed
-            files[b].close(put=exc[0] is None)
+        try:
+            if exc[0] is None:
+                for b in sorted(set(self._pending) | set(self._spilled)):
+                    tables = [_read_spill(name) for name in self._spilled.get(b, [])] + self._pending.get(
+                        b, []
+                    )
+                    self.run.put(self.run.at(self.step, b, self.producer), pa.concat_tables(tables))
+        finally:
+            self._pending, self._spilled = {}, {}
+            if self._spill is not None:
+                self._spill.cleanup()
 
 
 @dataclass(frozen=True)
