@@ -322,10 +322,9 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         out["dedup_seconds"] = round(time.perf_counter() - started, 1)
         peaks = client.run(worker_peaks)
     out["removed"] = result.report["documents_in"] - result.report["kept"]
-    out["workers"] = [
-        {"peak_rss_mb": round(p["peak_rss_mb"], 1), "idle_rss_mb": round(idle[a]["rss_mb"], 1)}
+    out["workers"] = [  # a restarted worker has a new address and no idle figure
+        {"peak_rss_mb": round(p["peak_rss_mb"], 1), "idle_rss_mb": round(idle[a]["rss_mb"], 1) if a in idle else None}
         for a, p in peaks.items()
-        if a in idle
     ]
     out["workers_restarted"] = sorted(peaks) != sorted(idle) or any(
         peaks[a]["pid"] != idle[a]["pid"] for a in peaks if a in idle
@@ -335,7 +334,7 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     in_memory_bytes = args.memory_docs * (config.num_perm * 4 + bands * 8)
     out["in_memory_signatures_and_band_keys_mb"] = round(in_memory_bytes / 2**20, 1)
     out["corpus_over_memory_limit"] = round(in_memory_bytes / limit, 2)
-    idle_rss = max(w["idle_rss_mb"] for w in out["workers"]) * 2**20
+    idle_rss = max(w["rss_mb"] for w in idle.values()) * 2**20
     out["corpus_over_limit_minus_idle_worker"] = round(in_memory_bytes / max(limit - idle_rss, 1), 2)
     out["text_mb"] = result.report["extra"]["shingled_megabytes"]
     out["seconds_by_step"] = result.report["extra"]["seconds_by_step"]
