@@ -252,18 +252,31 @@ def worker_peaks() -> dict[str, Any]:
     return {"pid": os.getpid(), "peak_rss_mb": peak_rss_mb(), "rss_mb": psutil.Process().memory_info().rss / 2**20}
 
 
+def step_peak_mb(reset: bool) -> float:
+    """This process's RSS high-water mark since the last reset (``VmHWM``; Linux resets it when
+    ``5`` is written to ``clear_refs``), then reset it if asked."""
+    status = Path("/proc/self/status").read_text()
+    peak = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")) / 1024
+    if reset:
+        Path("/proc/self/clear_refs").write_text("5")
+    return peak
+
+
 @contextmanager
 def workers_sampled_after_each_step(client: Any) -> Iterator[dict[str, Any]]:
-    """After each step of the dedup shuffle: every worker's peak and current RSS (MB), so the
-    step that sets a worker's peak can be read off."""
+    """Each step of the dedup shuffle: every worker's peak RSS during the step and its RSS after
+    it (MB), so the step that sets a worker's peak can be read off."""
     from tasks.dedup.shuffle import ShuffleStats
 
     by_step: dict[str, Any] = {}
     step = ShuffleStats.step
 
     def sampled(self: ShuffleStats, name: str, work: Any, items: Any) -> None:
+        client.run(step_peak_mb, True)
         step(self, name, work, items)
-        by_step[name] = [[round(w["peak_rss_mb"]), round(w["rss_mb"])] for w in client.run(worker_peaks).values()]
+        peaks = client.run(step_peak_mb, False)
+        after = client.run(worker_peaks)
+        by_step[name] = [[round(peaks[a]), round(after[a]["rss_mb"])] for a in sorted(after) if a in peaks]
 
     ShuffleStats.step = sampled
     try:
