@@ -276,7 +276,7 @@ def workers_sampled_after_each_step(client: Any) -> Iterator[dict[str, Any]]:
         step(self, name, work, items)
         peaks = client.run(step_peak_mb, False)
         after = client.run(worker_peaks)
-        by_step[name] = [[round(peaks[a]), round(after[a]["rss_mb"])] for a in sorted(after) if a in peaks]
+        by_step[name] = {a: [round(peaks[a]), round(after[a]["rss_mb"])] for a in sorted(after) if a in peaks}
 
     ShuffleStats.step = sampled
     try:
@@ -335,8 +335,11 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         out["dedup_seconds"] = round(time.perf_counter() - started, 1)
         peaks = client.run(worker_peaks)
     out["removed"] = result.report["documents_in"] - result.report["kept"]
+    # each step resets a worker's high-water mark, so its peak is the largest of its steps'
+    step_peaks = {a: max(s[a][0] for s in by_step.values() if a in s) for a in peaks}
     out["workers"] = [  # a restarted worker has a new address and no idle figure
-        {"peak_rss_mb": round(p["peak_rss_mb"], 1), "idle_rss_mb": round(idle[a]["rss_mb"], 1) if a in idle else None}
+        {"peak_rss_mb": round(max(p["peak_rss_mb"], step_peaks[a]), 1),
+         "idle_rss_mb": round(idle[a]["rss_mb"], 1) if a in idle else None}
         for a, p in peaks.items()
     ]
     out["workers_restarted"] = sorted(peaks) != sorted(idle) or any(
@@ -352,7 +355,7 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     out["text_mb"] = result.report["extra"]["shingled_megabytes"]
     out["seconds_by_step"] = result.report["extra"]["seconds_by_step"]
     out["bucket_slices"] = result.report["extra"]["bucket_slices"]
-    out["worker_rss_mb_after_step"] = by_step
+    out["worker_peak_and_after_mb_by_step"] = {name: list(w.values()) for name, w in by_step.items()}
     return out
 
 

@@ -89,6 +89,15 @@ def read_part(repo: DataRepo, ref: str, path: str, columns: list[str] | None = N
     return pq.read_table(pa.BufferReader(data), columns=columns)
 
 
+def read_part_in_row_groups(
+    repo: DataRepo, ref: str, path: str, columns: list[str] | None = None
+) -> Iterator[pa.Table]:
+    """A Parquet part one row group at a time (ranged reads; never the whole object in memory)."""
+    with repo.open(ref, path) as f, pq.ParquetFile(f) as parquet:
+        for group in range(parquet.num_row_groups):
+            yield parquet.read_row_group(group, columns=columns)
+
+
 def list_sources(repo: DataRepo, ref: str, prefix: str) -> list[str]:
     """The ``<source>`` folder names directly under ``prefix``."""
     base = prefix.rstrip("/") + "/"

@@ -16,7 +16,7 @@ from tasks.dedup.config import DedupConfig
 from tasks.dedup.index import PublishedRun
 from tasks.dedup.plan import REQUIRED_COLUMNS, _byte_batches, keys_from_arrow
 from tasks.dedup.shingles import content_keys
-from tasks.parts import list_parts, put_table, read_part
+from tasks.parts import list_parts, put_table, read_part, read_part_in_row_groups
 from versioning import DataRepo, validate_path
 
 KEY = pa.binary(16)
@@ -66,8 +66,8 @@ class ShuffleRun:
 
         A bucket whose input files hold more than ``config.slice_bytes`` is cut into
         ``ceil(bytes / slice_bytes)`` slices by each row's :func:`slice_of` key, spilled to local
-        Arrow IPC files in one pass over the files, then read back slice by slice: a bucket step
-        holds one slice and one input file, not its bucket. Equal keys always share a slice, so
+        Arrow IPC files in one pass over the files' row groups, then read back slice by slice: a
+        bucket step holds one slice and one row group, not its bucket. Equal keys always share a slice, so
         a step that groups by its key gives the same results whatever the slice count.
         """
         listed = [
@@ -89,15 +89,16 @@ class ShuffleRun:
                 writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
                 try:
                     for path, _ in sorted(files):
-                        table = read_part(self.repo, self.branch, path, sliced.schema.names).cast(
-                            sliced.schema
-                        )
-                        for s, rows in _split_by(table, sliced.slice_of(table, slices)):
-                            if s not in writers:
-                                names[n][s] = os.path.join(spill, f"{n}-{s}.arrow")
-                                writers[s] = pa.ipc.new_stream(names[n][s], sliced.schema)
-                            writers[s].write_table(rows)
-                        del table
+                        for group in read_part_in_row_groups(
+                            self.repo, self.branch, path, sliced.schema.names
+                        ):
+                            table = group.cast(sliced.schema)
+                            for s, rows in _split_by(table, sliced.slice_of(table, slices)):
+                                if s not in writers:
+                                    names[n][s] = os.path.join(spill, f"{n}-{s}.arrow")
+                                    writers[s] = pa.ipc.new_stream(names[n][s], sliced.schema)
+                                writers[s].write_table(rows)
+                            del table, group
                 finally:
                     for writer in writers.values():
                         writer.close()
