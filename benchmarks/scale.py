@@ -336,7 +336,7 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         peaks = client.run(worker_peaks)
     out["removed"] = result.report["documents_in"] - result.report["kept"]
     # each step resets a worker's high-water mark, so its peak is the largest of its steps'
-    step_peaks = {a: max(s[a][0] for s in by_step.values() if a in s) for a in peaks}
+    step_peaks = {a: max([s[a][0] for s in by_step.values() if a in s], default=0) for a in peaks}
     out["workers"] = [  # a restarted worker has a new address and no idle figure
         {"peak_rss_mb": round(max(p["peak_rss_mb"], step_peaks[a]), 1),
          "idle_rss_mb": round(idle[a]["rss_mb"], 1) if a in idle else None}

@@ -145,7 +145,9 @@ def slice_of_band_key(buckets: int) -> Callable[[pa.Table, int], np.ndarray]:
 
 
 def _read_spill(path: str) -> pa.Table:
-    with pa.memory_map(path) as source:
+    # read into memory, not memory-mapped: the table outlives the file (the spill folder is
+    # removed), and a closed map under a zero-copy table crashed a worker with SIGSEGV
+    with pa.OSFile(path, "rb") as source:
         return pa.ipc.open_stream(source).read_all().combine_chunks()
 
 
