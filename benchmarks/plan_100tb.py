@@ -108,16 +108,19 @@ def main() -> int:
         "candidate pairs + attached signature": contents * pairs_per_content * (EDGE_BYTES + num_perm_bytes),
     }
     edges = contents * edges_per_content * EDGE_BYTES
-    # A bucket step holds several copies of its contents' signatures and band keys (Arrow, NumPy,
-    # the scatter): the memory bar's worker peak rise in the contents step over its bucket's
-    # in-memory bytes. Buckets are sized so that this takes half of a worker's memory.
-    bar_contents = bar["documents"] * contents_per_doc / bar["buckets"]
-    bar_bucket_bytes = bar_contents * (num_perm_bytes + bands * 8)
-    steps = bar["worker_rss_mb_after_step"]
-    rise = max(c[0] - s[0] for c, s in zip(steps["contents"], steps["signatures"], strict=True)) * 2**20
-    amplification = max(rise / bar_bucket_bytes, 1.0)
-    bucket_budget = args.worker_memory_gib * 2**30 / 2 / amplification
-    buckets = 2 ** math.ceil(math.log2(contents * (num_perm_bytes + bands * 8) / bucket_budget))
+    # Worker memory, from the memory bar's per-step peaks (MB during the step, and after it):
+    # a sliced step (contents) rises over the previous step's resting RSS by about A x slice_bytes;
+    # a step that reads its bucket whole (resolve) by about R bytes per document of the bucket.
+    # Slices and buckets are sized so that each takes half of a worker's memory.
+    steps = bar["worker_peak_and_after_mb_by_step"]
+    mib = 2**20
+    contents_rise = max(c[0] - r[1] for c, r in zip(steps["contents"], steps["resolve"], strict=True)) * mib
+    amplification = max(contents_rise / bar["slice_bytes"], 1.0)
+    resolve_rise = max(r[0] - s[1] for r, s in zip(steps["resolve"], steps["signatures"], strict=True)) * mib
+    bytes_per_bucket_doc = max(resolve_rise / (bar["documents"] / bar["buckets"]), 1.0)
+    half_worker = args.worker_memory_gib * 2**30 / 2
+    slice_bytes = 2 ** math.floor(math.log2(half_worker / amplification))
+    buckets = 2 ** math.ceil(math.log2(docs_validated * bytes_per_bucket_doc / half_worker))
     tasks["dedup"] += 8 * buckets
     index_bytes_per_doc = dedup_facts["index_bytes"] / one["documents"]["validated"]
 
@@ -162,8 +165,12 @@ def main() -> int:
     for what, size in shuffle.items():
         print(f"| dedup shuffle: {what} | {human(size)} |")
     print(f"| dedup shuffle: total | {human(sum(shuffle.values()))} |")
-    print(f"| dedup buckets (DedupConfig.buckets; a bucket step's peak, {amplification:.1f}x its signatures + band keys, = 1/2 of {args.worker_memory_gib:g} GiB) "
-          f"| {buckets:,} |")
+    print(f"| dedup slice_bytes (a sliced step rises {amplification:.1f}x its slice; = 1/2 of {args.worker_memory_gib:g} GiB) "
+          f"| {human(slice_bytes)} |")
+    print(f"| dedup buckets (a whole-bucket step holds {bytes_per_bucket_doc:.0f} B per document; = 1/2 of "
+          f"{args.worker_memory_gib:g} GiB) | {buckets:,} |")
+    print(f"| dedup shuffle objects per part-to-bucket step (one per producing part and receiving bucket) "
+          f"| {parts * buckets:,} |")
     print(f"| dedup shuffle objects per bucket-to-bucket step (one per producing and receiving bucket) | {buckets**2:,} |")
     print(f"| verified edges (the union-find's input) | {human(edges)} |")
     print(f"| dedup index (`index/minhash/`, {index_bytes_per_doc:.0f} B per document) | {human(docs_validated * index_bytes_per_doc)} |")

@@ -54,7 +54,7 @@ class OnTaskRunner:
         retries: int = 0,
         describe: Callable[[T], str] | None = None,
     ) -> Iterator[R]:
-        futures = []
+        futures: list[Any] = []
         for index, item in enumerate(items):
             runnable = partition_task.with_options(
                 name=name,
@@ -63,5 +63,8 @@ class OnTaskRunner:
                 retry_delay_seconds=exponential_backoff(backoff_factor=1)(max(retries, 1)),  # 1, 2, 4, ... s
             )
             futures.append(self.runner.submit(runnable, {"work": work, "item": item}))
-        for future in futures:
+        for index in range(len(futures)):
+            # drop each future once its result is taken: while the flow holds a future, the
+            # worker that ran it keeps the task (its arguments included) in memory
+            future, futures[index] = futures[index], None
             yield future.result()

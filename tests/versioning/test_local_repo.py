@@ -6,6 +6,7 @@ import errno
 import hashlib
 import io
 import os
+import pickle
 import sqlite3
 import stat
 import subprocess
@@ -351,3 +352,15 @@ def test_a_file_and_a_directory_may_share_a_name(local: LocalRepo):
     local.delete("main", "a")
     local.commit("main", "file gone")
     assert [s.path for s in local.list("main")] == ["a/b"]
+
+
+def test_a_process_unpickles_one_repository_per_directory(tmp_path: Path):
+    """Each partition task carries the repository; a worker must not open a connection per task."""
+    repo = LocalRepo(tmp_path / "r", durable=False)
+    repo.ensure()
+    repo.put("main", "a.txt", io.BytesIO(b"x"))
+    first, second = pickle.loads(pickle.dumps(repo)), pickle.loads(pickle.dumps(repo))
+    assert first is second and first is not repo
+    assert first.get("main", "a.txt") == b"x" and first._durable is False
+    other = pickle.loads(pickle.dumps(LocalRepo(tmp_path / "r", durable=True)))
+    assert other is not first and other._durable is True

@@ -33,6 +33,7 @@ of interrupted writes stay on disk (never visible through the port).
 
 from __future__ import annotations
 
+import functools
 import re
 import sqlite3
 import time
@@ -93,12 +94,9 @@ class LocalRepo:
         return f"LocalRepo({str(self.root)!r}, name={self.name!r})"
 
     def __reduce__(self) -> tuple:
-        """Pickled as its directory, name and durability: a worker process opens it again
+        """Pickled as its directory, name and durability: a worker process opens it again, once
         (its database connection never travels)."""
-        return (LocalRepo, (str(self.root), self.name), {"durable": self._durable})
-
-    def __setstate__(self, state: dict) -> None:
-        self._durable = state["durable"]
+        return (_opened_in_this_process, (str(self.root), self.name, self._durable))
 
     @property
     def object_hash(self) -> str:
@@ -598,3 +596,11 @@ def _name_from_directory(root: Path) -> str:
     if len(name) < 3:
         name = f"{name}-repo" if name else "repo"
     return name
+
+
+@functools.lru_cache(maxsize=16)
+def _opened_in_this_process(root: str, name: str, durable: bool) -> LocalRepo:
+    """The one LocalRepo per directory that a process unpickles: the tasks that each carry the
+    repository share it, so a worker keeps one database connection per thread, not one per task
+    (each holds up to 2 MB of SQLite page cache)."""
+    return LocalRepo(root, name, durable=durable)
