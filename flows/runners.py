@@ -71,9 +71,12 @@ def dask_worker_config(spec: str) -> AbstractContextManager[Any]:
     config to the worker it spawns). Pausing is off: a stage's partitions hold their data as
     unmanaged memory, which a paused worker can neither spill nor free, so a worker past 80% of
     ``memory_limit`` would wait forever (seen in ``benchmarks/scale.py``); past 95% the nanny
-    still restarts it and the partition task is retried."""
+    still restarts it and the partition task is retried. The statistical profiler is off: it
+    samples each worker's stack every 10 ms and keeps an hour of profile trees: with it a worker
+    grew ~50 KB per partition task (500 no-op tasks: +25 MB; without it +5 MB), which set the
+    dedup memory bar's peak on a 16-minute run. Prefect's UI is where a run's tasks are read."""
     if spec != "dask":
         return nullcontext()
     import dask
 
-    return dask.config.set({"distributed.worker.memory.pause": False})
+    return dask.config.set({"distributed.worker.memory.pause": False, "distributed.worker.profile.enabled": False})
