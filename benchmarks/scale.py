@@ -16,10 +16,11 @@ worker's memory limit.
 3. **Memory bar** (a subprocess, so its peak RSS is its own): ``--memory-docs`` short documents
    are deduplicated on a 2-worker ``LocalCluster`` whose ``memory_limit`` (Dask's nanny kills a
    worker past 95% of it) is ``--memory-limit``; the in-memory plan would hold their signatures
-   and band keys, ``(num_perm * 4 + bands * 8)`` bytes each. Peak RSS of the process that runs
-   the stage and of each worker (``ru_maxrss``, worker pids checked unchanged: no worker was
-   killed). A corpus that fits (``--check-docs``) is deduplicated both ways and must give the
-   same decisions.
+   and band keys, ``(num_perm * 4 + bands * 8)`` bytes each. Peak RSS during the dedup of the
+   process that runs the stage and of each worker, step by step (``VmHWM``, reset before each
+   step; worker pids checked unchanged: no worker was killed). A corpus that fits
+   (``--check-docs``) is deduplicated both ways, its buckets cut in slices
+   (``--check-slice-bytes``), and must give the same decisions.
 
 The machine is shared and small: the load average is recorded, and 2 worker processes on 2
 busy cores cannot show a clean 2x. Results: ``benchmarks/results/scale.json``. Last line:
@@ -328,7 +329,7 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         started = time.perf_counter()
         commit = put_corpus(repo, args.memory_docs, per_part=args.memory_part_docs)
         out["generate_seconds"] = round(time.perf_counter() - started, 1)
-        rss_before = peak_rss_mb()
+        rss_before = step_peak_mb(reset=True)  # generating the corpus and the check are not the flow's
         started = time.perf_counter()
         with workers_sampled_after_each_step(client) as by_step:
             result = run_stage(run_dedup, repo, "main", commit, config)
@@ -345,7 +346,7 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     out["workers_restarted"] = sorted(peaks) != sorted(idle) or any(
         peaks[a]["pid"] != idle[a]["pid"] for a in peaks if a in idle
     )
-    out["stage_process_peak_rss_mb"] = round(peak_rss_mb(), 1)
+    out["stage_process_peak_rss_mb"] = round(step_peak_mb(reset=False), 1)  # during the dedup
     out["stage_process_peak_rss_before_dedup_mb"] = round(rss_before, 1)
     in_memory_bytes = args.memory_docs * (config.num_perm * 4 + bands * 8)
     out["in_memory_signatures_and_band_keys_mb"] = round(in_memory_bytes / 2**20, 1)
