@@ -231,7 +231,6 @@ def _contents_of_slice(
         signature[at] = matrix(new.column("signature"), config.num_perm)
         fresh[at] = ~found[at]
         found[at] = True
-    del new, published
     if not found.all():
         raise AssertionError(
             f"dedup bucket {bucket.bucket}: {int((~found).sum())} contents have no signature"
