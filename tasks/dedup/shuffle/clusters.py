@@ -111,17 +111,18 @@ def representatives_step(run: ShuffleRun) -> dict[str, int]:
     published = partials.column("published").to_numpy(zero_copy_only=False)
     best = _best_of_group(group, _preference(partials.column("id"), quality, published))
     size = np.bincount(group, weights=partials.column("count").to_numpy()).astype(np.int64)
-    first = np.unique(best)
-    rep_of_name = dict(
-        zip(label[first].tolist(), partials.column("id").take(pa.array(first)).to_pylist(), strict=True)
-    )
-    size_of_name = dict(zip(names.tolist(), size.tolist(), strict=True))
-    content_label = keys_from_arrow(labels.column("label")).tolist()
+    best_row = np.zeros(len(names), np.int64)
+    best_row[group] = best
+    # arrays, not Python dicts of the clusters: this one task sees every linked content
+    content_label = keys_from_arrow(labels.column("label"))
+    cluster = np.minimum(np.searchsorted(names, content_label), len(names) - 1)
+    if not (names[cluster] == content_label).all():
+        raise AssertionError("a linked content's cluster has no partial: a bucket's partials are missing")
     representatives = pa.table(
         [
             labels.column("content_key"),
-            pa.array([rep_of_name[x] for x in content_label], pa.string()),
-            pa.array([size_of_name[x] for x in content_label], pa.int64()),
+            partials.column("id").take(pa.array(best_row[cluster])),
+            pa.array(size[cluster]),
         ],
         schema=REPRESENTATIVES,
     )
