@@ -49,10 +49,10 @@ class ShuffleRun:
 
     def read(self, folder: str, schema: pa.Schema) -> pa.Table:
         """Every file under a scratch folder of the branch, in path order (empty: ``schema``)."""
-        tables = [
-            read_part(self.repo, self.branch, p, schema.names)
-            for p in list_parts(self.repo, self.branch, folder)
-        ]
+        return self._read_files(sorted(list_parts(self.repo, self.branch, folder)), schema)
+
+    def _read_files(self, paths: list[str], schema: pa.Schema) -> pa.Table:
+        tables = [read_part(self.repo, self.branch, p, schema.names) for p in paths]
         return pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
 
     def scatter(self, step: str, table: pa.Table, bucket: np.ndarray, producer: str) -> None:
@@ -81,7 +81,14 @@ class ShuffleRun:
         total = sum(size for files in listed for _, size in files)
         slices = max(1, math.ceil(total / self.config.slice_bytes))
         if slices == 1:
-            yield 0, 1, [self.read(i.folder, i.schema) for i in inputs]
+            yield (
+                0,
+                1,
+                [
+                    self._read_files(sorted(path for path, _ in files), i.schema)
+                    for i, files in zip(inputs, listed, strict=True)
+                ],
+            )
             return
         with tempfile.TemporaryDirectory(prefix="tokenlake-dedup-slices-") as spill:
             names: list[list[str | None]] = [[None] * slices for _ in inputs]
