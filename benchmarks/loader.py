@@ -77,7 +77,11 @@ def run(args, home: Path, name: str, repo: str, commit: str, **changes) -> dict:
     path.write_text(config.model_dump_json())
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "training", "--config", str(path)], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "training", "--config", str(path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if done.returncode:
         raise SystemExit(f"scenario {name} failed:\n{done.stderr[-3000:]}")
@@ -103,13 +107,17 @@ def figures(outcome: dict, kills: tuple[int, ...] = ()) -> dict:
         figure["kills"] = len(outcome["takeovers"])
         figure["takeover_stall_ms_max"] = round(max(after), 2)
         figure["takeover_stall_ms_median"] = round(statistics.median(after), 2)
-        figure["supervisor_takeover_ms_median"] = round(statistics.median(t["takeover_ms"] for t in outcome["takeovers"]), 2)
+        figure["supervisor_takeover_ms_median"] = round(
+            statistics.median(t["takeover_ms"] for t in outcome["takeovers"]), 2
+        )
         figure["warm_shadow_takeovers"] = sum(t["warm_shadow"] for t in outcome["takeovers"])
     return figure
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the trainer")
     parser.add_argument("--seq-len", type=int, default=128)
@@ -142,7 +150,15 @@ def main() -> int:
         )
         results["cold-local"] = figures(run(args, home, "cold-local", spec, commit))
         results["cold-local-cap"] = figures(
-            run(args, home, "cold-local-cap", spec, commit, cache_max_bytes=total_bytes // 10, cache_protect_steps=1)
+            run(
+                args,
+                home,
+                "cold-local-cap",
+                spec,
+                commit,
+                cache_max_bytes=total_bytes // 10,
+                cache_protect_steps=1,
+            )
         )
         with LakeFSDouble(home / "double") as double, lakectl_environment(double):
             remote = connect(double, repository="bench")
@@ -170,7 +186,9 @@ def main() -> int:
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{len(manifest.shards)} shards, {total_bytes / 2**20:.1f} MiB; {args.steps} steps of {args.global_batch} x "
           f"{args.seq_len} tokens")  # fmt: skip
-    print("| scenario | first batch (s) | data wait / step time | vs warm | step ms (median) | fetched | evicted |")
+    print(
+        "| scenario | first batch (s) | data wait / step time | vs warm | step ms (median) | fetched | evicted |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, f in results.items():
         ratio = f["data_wait_share"] / warm_share if warm_share else float("nan")

@@ -99,7 +99,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tokenlake-orchestration-"))
     os.environ["TOKENLAKE_HOME"] = str(work / "home")
     try:
-        budget = DemoBudget(int(args.code_mb * MB), int(args.prose_mb * MB * 2 / 3), int(args.prose_mb * MB / 3))
+        budget = DemoBudget(
+            int(args.code_mb * MB), int(args.prose_mb * MB * 2 / 3), int(args.prose_mb * MB / 3)
+        )
         sources = demo_sources(work / "sources", budget)
         params = CurateParams(
             ingest=IngestConfig(sources=sources),
@@ -109,8 +111,13 @@ def main() -> None:
         directs: list[dict[str, float]] = []
         flows: list[dict[str, float]] = []
         for n in range(args.rounds):
-            run_params = params.model_copy(update={"repository": RepositoryConfig(
-                spec=str(work / f"flow-{n}"), results=str(work / f"results-{n}"))})
+            run_params = params.model_copy(
+                update={
+                    "repository": RepositoryConfig(
+                        spec=str(work / f"flow-{n}"), results=str(work / f"results-{n}")
+                    )
+                }
+            )
             if n % 2:
                 flows.append(orchestrated(run_params))
                 directs.append(direct(params, work / f"direct-{n}"))
@@ -118,12 +125,16 @@ def main() -> None:
                 directs.append(direct(params, work / f"direct-{n}"))
                 flows.append(orchestrated(run_params))
             d, f = directs[-1], flows[-1]
-            print(f"round {n + 1}: direct {d['total']:.2f} s "
-                  f"({', '.join(f'{k} {v:.2f}' for k, v in d.items() if k != 'total')}), flow {f['total']:.2f} s")
+            print(
+                f"round {n + 1}: direct {d['total']:.2f} s "
+                f"({', '.join(f'{k} {v:.2f}' for k, v in d.items() if k != 'total')}), flow {f['total']:.2f} s"
+            )
         best_direct = min(directs, key=lambda r: r["total"])
         best_flow = min(flows, key=lambda r: r["total"])
         ratio = best_flow["total"] / best_direct["total"]
-        median_ratio = statistics.median(f["total"] for f in flows) / statistics.median(d["total"] for d in directs)
+        median_ratio = statistics.median(f["total"] for f in flows) / statistics.median(
+            d["total"] for d in directs
+        )
         input_mb = sum(p.stat().st_size for s in sources for p in Path(s.path).rglob("*") if p.is_file()) / MB
         result = {
             "input_mb": round(input_mb, 2),

@@ -43,20 +43,36 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale-json", type=Path, default=RESULTS / "scale.json")
     parser.add_argument("--corpus-tb", type=float, default=100.0, help="raw JSONL input, TB")
-    parser.add_argument("--doc-kb", type=float, default=4.0, help="mean raw bytes per document, KB (web text: 3-5)")
+    parser.add_argument(
+        "--doc-kb", type=float, default=4.0, help="mean raw bytes per document, KB (web text: 3-5)"
+    )
     parser.add_argument("--validate-kept", type=float, default=0.7, help="fraction the quality rules keep")
     parser.add_argument("--dedup-kept", type=float, default=0.7, help="fraction dedup keeps")
     parser.add_argument("--bytes-per-token", type=float, default=4.0, help="a 50k BPE on English web text")
     parser.add_argument("--seq-len", type=int, default=2048)
-    parser.add_argument("--sequences-per-shard", type=int, default=65_536, help="ShardConfig.max_sequences_per_shard")
-    parser.add_argument("--partition-mib", type=float, default=256.0, help="IngestConfig.partition_bytes, MiB")
-    parser.add_argument("--lakefs-puts-per-s", type=float, default=500.0,
-                        help="staged object writes per second per worker against lakeFS (not measured here)")
-    parser.add_argument("--worker-memory-gib", type=float, default=4.0, help="memory per worker process (per core)")
+    parser.add_argument(
+        "--sequences-per-shard", type=int, default=65_536, help="ShardConfig.max_sequences_per_shard"
+    )
+    parser.add_argument(
+        "--partition-mib", type=float, default=256.0, help="IngestConfig.partition_bytes, MiB"
+    )
+    parser.add_argument(
+        "--lakefs-puts-per-s",
+        type=float,
+        default=500.0,
+        help="staged object writes per second per worker against lakeFS (not measured here)",
+    )
+    parser.add_argument(
+        "--worker-memory-gib", type=float, default=4.0, help="memory per worker process (per core)"
+    )
     parser.add_argument("--hours", type=float, default=24.0, help="wall-clock budget")
     parser.add_argument("--cores-per-node", type=int, default=32)
-    parser.add_argument("--efficiency", type=float, default=0.8,
-                        help="fraction of the cluster's core-hours doing stage work (stragglers, the shuffle's waits)")
+    parser.add_argument(
+        "--efficiency",
+        type=float,
+        default=0.8,
+        help="fraction of the cluster's core-hours doing stage work (stragglers, the shuffle's waits)",
+    )
     args = parser.parse_args()
 
     scale = json.loads(args.scale_json.read_text())
@@ -67,8 +83,12 @@ def main() -> int:
     dedup_bench = json.loads((RESULTS / "dedup.json").read_text())
     shard_bench = json.loads((RESULTS / "shard.json").read_text())
     bar = scale["memory_bar"]
-    ingest_rate = ingest["corpus"]["bytes"] / ingest["full_stage_once"]["cpu_seconds"]  # bytes per core-second
-    dedup_docs_rate = bar["documents"] / (bar["dedup_seconds"] * len(bar["workers"]))  # documents per core-second
+    ingest_rate = (
+        ingest["corpus"]["bytes"] / ingest["full_stage_once"]["cpu_seconds"]
+    )  # bytes per core-second
+    dedup_docs_rate = bar["documents"] / (
+        bar["dedup_seconds"] * len(bar["workers"])
+    )  # documents per core-second
     shingle_rate = dedup_bench["megabytes_per_cpu_second"]["ours"] * 1e6
     shard_rate = shard_bench["rates_mb_per_s"]["end_to_end_1_worker"] * 1e6
 
@@ -144,19 +164,25 @@ def main() -> int:
             print(f"  --{key.replace('_', '-')} = {value}")
     print("  measured (benchmarks/results/):")
     print(f"    ingest+validate {ingest_rate / 1e6:.2f} MB per core-second (ingest_filter.json, whole stage)")
-    print(f"    dedup shuffle {dedup_docs_rate:.0f} documents per core-second (scale.json memory bar) "
-          f"+ shingling {shingle_rate / 1e6:.1f} MB per core-second (dedup.json)")
+    print(
+        f"    dedup shuffle {dedup_docs_rate:.0f} documents per core-second (scale.json memory bar) "
+        f"+ shingling {shingle_rate / 1e6:.1f} MB per core-second (dedup.json)"
+    )
     print(f"    tokenize + shard {shard_rate / 1e6:.3f} MB per core-second (shard.json, 1 worker)")
-    print(f"    overhead per partition task: {overhead_s * 1000:.0f} ms; contents per document {contents_per_doc:.3f}; "
-          f"candidate pairs per content {pairs_per_content:.3f}; verified {edges_per_content:.3f}; "
-          f"index {index_bytes_per_doc:.0f} B per document")
+    print(
+        f"    overhead per partition task: {overhead_s * 1000:.0f} ms; contents per document {contents_per_doc:.3f}; "
+        f"candidate pairs per content {pairs_per_content:.3f}; verified {edges_per_content:.3f}; "
+        f"index {index_bytes_per_doc:.0f} B per document"
+    )
     print()
     print("| stage | documents in | bytes in | core-hours (work) | core-hours (Prefect + Dask overhead) |")
     print("|---|---|---|---|---|")
     docs = {"ingest+validate": docs_in, "dedup": docs_validated, "shard": docs_kept}
     for name in core_hours:
-        print(f"| {name} | {human(docs[name], '')} | {human(work_bytes[name])} | {core_hours[name]:,.0f} "
-              f"| {overhead_hours[name]:,.1f} ({tasks[name]:,} tasks) |")
+        print(
+            f"| {name} | {human(docs[name], '')} | {human(work_bytes[name])} | {core_hours[name]:,.0f} "
+            f"| {overhead_hours[name]:,.1f} ({tasks[name]:,} tasks) |"
+        )
     print(f"| **total** | | | **{sum(core_hours.values()):,.0f}** | {sum(overhead_hours.values()):,.1f} |")
     print()
     print("| quantity | value |")
@@ -165,26 +191,44 @@ def main() -> int:
     for what, size in shuffle.items():
         print(f"| dedup shuffle: {what} | {human(size)} |")
     print(f"| dedup shuffle: total | {human(sum(shuffle.values()))} |")
-    print(f"| dedup slice_bytes (a sliced step rises {amplification:.1f}x its slice; = 1/2 of {args.worker_memory_gib:g} GiB) "
-          f"| {human(slice_bytes)} |")
-    print(f"| dedup buckets (a whole-bucket step holds {bytes_per_bucket_doc:.0f} B per document; = 1/2 of "
-          f"{args.worker_memory_gib:g} GiB) | {buckets:,} |")
-    print(f"| dedup shuffle objects per part-to-bucket step (one per producing part and receiving bucket) "
-          f"| {parts * buckets:,} |")
-    print(f"| dedup shuffle objects per bucket-to-bucket step (one per producing and receiving bucket) | {buckets**2:,} |")
+    print(
+        f"| dedup slice_bytes (a sliced step rises {amplification:.1f}x its slice; = 1/2 of {args.worker_memory_gib:g} GiB) "
+        f"| {human(slice_bytes)} |"
+    )
+    print(
+        f"| dedup buckets (a whole-bucket step holds {bytes_per_bucket_doc:.0f} B per document; = 1/2 of "
+        f"{args.worker_memory_gib:g} GiB) | {buckets:,} |"
+    )
+    print(
+        f"| dedup shuffle objects per part-to-bucket step (one per producing part and receiving bucket) "
+        f"| {parts * buckets:,} |"
+    )
+    print(
+        f"| dedup shuffle objects per bucket-to-bucket step (one per producing and receiving bucket) | {buckets**2:,} |"
+    )
     print(f"| verified edges (the union-find's input) | {human(edges)} |")
-    print(f"| dedup index (`index/minhash/`, {index_bytes_per_doc:.0f} B per document) | {human(docs_validated * index_bytes_per_doc)} |")
+    print(
+        f"| dedup index (`index/minhash/`, {index_bytes_per_doc:.0f} B per document) | {human(docs_validated * index_bytes_per_doc)} |"
+    )
     print(f"| tokens | {human(tokens, '')} |")
-    print(f"| shards ({args.sequences_per_shard:,} x {args.seq_len + 1} uint16 = {human(shard_bytes)} each) | {shards:,} |")
+    print(
+        f"| shards ({args.sequences_per_shard:,} x {args.seq_len + 1} uint16 = {human(shard_bytes)} each) | {shards:,} |"
+    )
     for stage, count in objects.items():
         minutes = count / (args.lakefs_puts_per_s * cores) / 60
-        print(f"| lakeFS objects staged by the {stage} commit | {count:,.0f} ({minutes:.2f} min of puts from "
-              f"{cores:,} workers) |")
-    print(f"| cores for {args.hours:g} h at {args.efficiency:.0%} efficiency | {cores:,} "
-          f"({math.ceil(cores / args.cores_per_node):,} nodes of {args.cores_per_node}) |")
+        print(
+            f"| lakeFS objects staged by the {stage} commit | {count:,.0f} ({minutes:.2f} min of puts from "
+            f"{cores:,} workers) |"
+        )
+    print(
+        f"| cores for {args.hours:g} h at {args.efficiency:.0%} efficiency | {cores:,} "
+        f"({math.ceil(cores / args.cores_per_node):,} nodes of {args.cores_per_node}) |"
+    )
     print()
-    print(f"plan_100tb: core_hours={total_core_hours:,.0f} cores_for_{args.hours:g}h={cores} "
-          f"shuffle={human(sum(shuffle.values()))} index={human(docs_validated * index_bytes_per_doc)} shards={shards}")
+    print(
+        f"plan_100tb: core_hours={total_core_hours:,.0f} cores_for_{args.hours:g}h={cores} "
+        f"shuffle={human(sum(shuffle.values()))} index={human(docs_validated * index_bytes_per_doc)} shards={shards}"
+    )
     return 0
 
 

@@ -164,13 +164,22 @@ def run_stages(work: Path, sources: list[dict[str, Any]], workers: int, corpus_b
         "shards": {s["name"]: s["sha256"] for s in manifest["shards"]},
         "shard_bytes": sum(s["bytes"] for s in manifest["shards"]),
         "tokens": manifest["totals"]["tokens"],
-        "dedup": {k: deduped.report["extra"].get(k) for k in ("contents", "candidate_pairs", "verified_pairs", "bands")}
-        | {"index_bytes": sum(s.size for s in repo.list(deduped.commit_id, "index/minhash/")),
-           "index_objects": sum(1 for _ in repo.list(deduped.commit_id, "index/minhash/"))},
+        "dedup": {
+            k: deduped.report["extra"].get(k)
+            for k in ("contents", "candidate_pairs", "verified_pairs", "bands")
+        }
+        | {
+            "index_bytes": sum(s.size for s in repo.list(deduped.commit_id, "index/minhash/")),
+            "index_objects": sum(1 for _ in repo.list(deduped.commit_id, "index/minhash/")),
+        },
         "objects_changed_per_stage_commit": {
-            stage: len(repo.diff(before, after)) for stage, before, after in
-            (("ingest", head, ingested.commit_id), ("validate", ingested.commit_id, validated.commit_id),
-             ("dedup", validated.commit_id, deduped.commit_id), ("shard", deduped.commit_id, sharded.commit_id))
+            stage: len(repo.diff(before, after))
+            for stage, before, after in (
+                ("ingest", head, ingested.commit_id),
+                ("validate", ingested.commit_id, validated.commit_id),
+                ("dedup", validated.commit_id, deduped.commit_id),
+                ("shard", deduped.commit_id, sharded.commit_id),
+            )
         },
         "documents": {
             "ingested": ingested.report["kept"],
@@ -250,7 +259,11 @@ def put_corpus(repo: Any, documents: int, per_part: int = 5_000, seed: int = 1) 
 def worker_peaks() -> dict[str, Any]:
     import psutil
 
-    return {"pid": os.getpid(), "peak_rss_mb": peak_rss_mb(), "rss_mb": psutil.Process().memory_info().rss / 2**20}
+    return {
+        "pid": os.getpid(),
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_mb": psutil.Process().memory_info().rss / 2**20,
+    }
 
 
 def step_peak_mb(reset: bool) -> float:
@@ -300,8 +313,12 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     config = DedupConfig(buckets=args.memory_buckets, slice_bytes=args.memory_slice_bytes)
     bands, _ = config.banding
     limit = parse_bytes(args.memory_limit)
-    out: dict[str, Any] = {"documents": args.memory_docs, "memory_limit_mb": round(limit / 2**20, 1),
-                           "buckets": config.buckets, "slice_bytes": config.slice_bytes}
+    out: dict[str, Any] = {
+        "documents": args.memory_docs,
+        "memory_limit_mb": round(limit / 2**20, 1),
+        "buckets": config.buckets,
+        "slice_bytes": config.slice_bytes,
+    }
     with cluster_runner(2, args.memory_limit) as runner:
         client = runner.client
         idle = client.run(worker_peaks)
@@ -315,8 +332,12 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         result = run_stage(run_dedup, small, "main", commit, sliced)
         kept, quarantined, _ = deduplicate(list(read_parts(small, commit, "filtered/web")), config)
         stored = pa.concat_tables(read_parts(small, result.commit_id, "dedup"))
-        stored_kept = sorted(zip(stored.column("id").to_pylist(), stored.column("dup_cluster").to_pylist(), strict=True))
-        expected_kept = sorted(zip(kept.column("id").to_pylist(), kept.column("dup_cluster").to_pylist(), strict=True))
+        stored_kept = sorted(
+            zip(stored.column("id").to_pylist(), stored.column("dup_cluster").to_pylist(), strict=True)
+        )
+        expected_kept = sorted(
+            zip(kept.column("id").to_pylist(), kept.column("dup_cluster").to_pylist(), strict=True)
+        )
         out["check"] = {
             "documents": args.check_docs,
             "removed": quarantined.num_rows,
@@ -339,8 +360,10 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     # each step resets a worker's high-water mark, so its peak is the largest of its steps'
     step_peaks = {a: max([s[a][0] for s in by_step.values() if a in s], default=0) for a in peaks}
     out["workers"] = [  # a restarted worker has a new address and no idle figure
-        {"peak_rss_mb": round(max(p["peak_rss_mb"], step_peaks[a]), 1),
-         "idle_rss_mb": round(idle[a]["rss_mb"], 1) if a in idle else None}
+        {
+            "peak_rss_mb": round(max(p["peak_rss_mb"], step_peaks[a]), 1),
+            "idle_rss_mb": round(idle[a]["rss_mb"], 1) if a in idle else None,
+        }
         for a, p in peaks.items()
     ]
     out["workers_restarted"] = sorted(peaks) != sorted(idle) or any(
@@ -365,13 +388,27 @@ def main() -> int:
     parser.add_argument("--mb", type=float, default=24.0, help="corpus of the scaling runs, MB of JSONL")
     parser.add_argument("--memory-docs", type=int, default=500_000, help="documents of the memory bar")
     parser.add_argument("--memory-limit", default="600MiB", help="LocalCluster memory_limit per worker")
-    parser.add_argument("--memory-buckets", type=int, default=64, help="DedupConfig.buckets of the memory bar")
-    parser.add_argument("--memory-part-docs", type=int, default=5_000, help="documents per input part of the memory bar")
-    parser.add_argument("--memory-slice-bytes", type=int, default=DedupConfig().slice_bytes,
-                        help="DedupConfig.slice_bytes of the memory bar")
-    parser.add_argument("--check-docs", type=int, default=30_000, help="documents of the in-memory comparison")
-    parser.add_argument("--check-slice-bytes", type=int, default=64 << 10,
-                        help="DedupConfig.slice_bytes of the in-memory comparison (small: its buckets are cut too)")
+    parser.add_argument(
+        "--memory-buckets", type=int, default=64, help="DedupConfig.buckets of the memory bar"
+    )
+    parser.add_argument(
+        "--memory-part-docs", type=int, default=5_000, help="documents per input part of the memory bar"
+    )
+    parser.add_argument(
+        "--memory-slice-bytes",
+        type=int,
+        default=DedupConfig().slice_bytes,
+        help="DedupConfig.slice_bytes of the memory bar",
+    )
+    parser.add_argument(
+        "--check-docs", type=int, default=30_000, help="documents of the in-memory comparison"
+    )
+    parser.add_argument(
+        "--check-slice-bytes",
+        type=int,
+        default=64 << 10,
+        help="DedupConfig.slice_bytes of the in-memory comparison (small: its buckets are cut too)",
+    )
     parser.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-memory", action="store_true", help="scaling and overhead only")
     parser.add_argument("--output", type=Path, default=RESULTS / "scale.json")
@@ -397,7 +434,9 @@ def main() -> int:
         corpus_bytes = sum(Path(s["path"]).stat().st_size for s in sources)
         runs = {w: run_stages(work, sources, w, corpus_bytes) for w in (0, 1, 2)}
         noop_s = task_overhead()
-    assert runs[0]["shards"] == runs[1]["shards"] == runs[2]["shards"], "every runner must write the same shards"
+    assert runs[0]["shards"] == runs[1]["shards"] == runs[2]["shards"], (
+        "every runner must write the same shards"
+    )
 
     base, one, two = runs[0]["stages"], runs[1]["stages"], runs[2]["stages"]
     total = {w: sum(s["seconds"] for s in runs[w]["stages"].values()) for w in (0, 1, 2)}
@@ -410,8 +449,9 @@ def main() -> int:
         "in_process_seconds": round(total[0], 3),
         "dask_1_worker_seconds": round(total[1], 3),
         "run_percent": round(100 * (total[1] - total[0]) / total[0], 2),
-        "per_stage_percent": {n: round(100 * (one[n]["seconds"] - base[n]["seconds"]) / base[n]["seconds"], 2)
-                              for n in base},
+        "per_stage_percent": {
+            n: round(100 * (one[n]["seconds"] - base[n]["seconds"]) / base[n]["seconds"], 2) for n in base
+        },
         "seconds_per_task": round(per_task, 4),
         "noop_seconds_per_task": round(noop_s, 4),
         "ingest_validate_bytes_per_s_per_core": round(rate),
@@ -422,11 +462,25 @@ def main() -> int:
 
     memory: dict[str, Any] = {"skipped": True}
     if not args.skip_memory:
-        command = [sys.executable, __file__, "--memory-only", "--memory-docs", str(args.memory_docs),
-                   "--memory-limit", args.memory_limit, "--memory-buckets", str(args.memory_buckets),
-                   "--memory-part-docs", str(args.memory_part_docs), "--check-docs", str(args.check_docs),
-                   "--memory-slice-bytes", str(args.memory_slice_bytes),
-                   "--check-slice-bytes", str(args.check_slice_bytes)]
+        command = [
+            sys.executable,
+            __file__,
+            "--memory-only",
+            "--memory-docs",
+            str(args.memory_docs),
+            "--memory-limit",
+            args.memory_limit,
+            "--memory-buckets",
+            str(args.memory_buckets),
+            "--memory-part-docs",
+            str(args.memory_part_docs),
+            "--check-docs",
+            str(args.check_docs),
+            "--memory-slice-bytes",
+            str(args.memory_slice_bytes),
+            "--check-slice-bytes",
+            str(args.check_slice_bytes),
+        ]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode == 0:
             memory = json.loads(done.stdout.strip().splitlines()[-1])
@@ -436,42 +490,69 @@ def main() -> int:
 
     load_after = os.getloadavg()
     print(f"load average: start {load_before}, end {load_after}, {os.cpu_count()} cpus")
-    print(f"{'stage':<16}{'in-proc s':>10}{'1w s':>8}{'2w s':>8}{'overhead':>9}{'speedup':>9}"
-          f"{'docs/s/core':>12}{'MB/s/core':>10}{'MB/s/core 2w':>13}")
+    print(
+        f"{'stage':<16}{'in-proc s':>10}{'1w s':>8}{'2w s':>8}{'overhead':>9}{'speedup':>9}"
+        f"{'docs/s/core':>12}{'MB/s/core':>10}{'MB/s/core 2w':>13}"
+    )
     for name in one:
-        print(f"{name:<16}{base[name]['seconds']:>10.1f}{one[name]['seconds']:>8.1f}{two[name]['seconds']:>8.1f}"
-              f"{overhead['per_stage_percent'][name]:>8.1f}%{one[name]['seconds'] / two[name]['seconds']:>9.2f}"
-              f"{base[name]['docs_per_s_per_core']:>12.0f}{base[name]['mb_per_s_per_core']:>10.2f}"
-              f"{two[name]['mb_per_s_per_core']:>13.2f}")
-    print(f"overhead (Prefect + Dask, 1 worker against the same partitions in process): "
-          f"{overhead['run_percent']}% of this run, {per_task * 1000:.0f} ms per partition task "
-          f"({runs[1]['partition_tasks']} tasks; a no-op task: {noop_s * 1000:.0f} ms); "
-          f"{overhead['at_default_16MiB_partition_percent']}% of a 16 MiB ingest+validate partition; "
-          f"under 5% from {overhead['partition_bytes_for_5_percent'] / 2**20:.1f} MiB")
+        print(
+            f"{name:<16}{base[name]['seconds']:>10.1f}{one[name]['seconds']:>8.1f}{two[name]['seconds']:>8.1f}"
+            f"{overhead['per_stage_percent'][name]:>8.1f}%{one[name]['seconds'] / two[name]['seconds']:>9.2f}"
+            f"{base[name]['docs_per_s_per_core']:>12.0f}{base[name]['mb_per_s_per_core']:>10.2f}"
+            f"{two[name]['mb_per_s_per_core']:>13.2f}"
+        )
+    print(
+        f"overhead (Prefect + Dask, 1 worker against the same partitions in process): "
+        f"{overhead['run_percent']}% of this run, {per_task * 1000:.0f} ms per partition task "
+        f"({runs[1]['partition_tasks']} tasks; a no-op task: {noop_s * 1000:.0f} ms); "
+        f"{overhead['at_default_16MiB_partition_percent']}% of a 16 MiB ingest+validate partition; "
+        f"under 5% from {overhead['partition_bytes_for_5_percent'] / 2**20:.1f} MiB"
+    )
     peak = None
     if "workers" in memory:
         peak = max([w["peak_rss_mb"] for w in memory["workers"]] + [memory["stage_process_peak_rss_mb"]])
-        print(f"memory bar: {memory['documents']:,} documents ({memory['in_memory_signatures_and_band_keys_mb']:.0f} MB "
-              f"of signatures + band keys in memory, {memory['corpus_over_memory_limit']}x the {memory['memory_limit_mb']:.0f} MiB "
-              f"worker limit) deduplicated in {memory['dedup_seconds']} s; worker peaks "
-              f"{[w['peak_rss_mb'] for w in memory['workers']]} MB, stage process {memory['stage_process_peak_rss_mb']} MB; "
-              f"same decisions as in memory on {memory['check']['documents']:,}: {memory['check']['identical_to_in_memory']}")
+        print(
+            f"memory bar: {memory['documents']:,} documents ({memory['in_memory_signatures_and_band_keys_mb']:.0f} MB "
+            f"of signatures + band keys in memory, {memory['corpus_over_memory_limit']}x the {memory['memory_limit_mb']:.0f} MiB "
+            f"worker limit) deduplicated in {memory['dedup_seconds']} s; worker peaks "
+            f"{[w['peak_rss_mb'] for w in memory['workers']]} MB, stage process {memory['stage_process_peak_rss_mb']} MB; "
+            f"same decisions as in memory on {memory['check']['documents']:,}: {memory['check']['identical_to_in_memory']}"
+        )
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({
-        "benchmark": "scale",
-        "parameters": {"mb": args.mb, "memory_docs": args.memory_docs, "memory_limit": args.memory_limit,
-                       "memory_buckets": args.memory_buckets, "memory_slice_bytes": args.memory_slice_bytes,
-                       "check_slice_bytes": args.check_slice_bytes,
-                       "memory_part_docs": args.memory_part_docs, "check_docs": args.check_docs},
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                    "load_average_start": load_before, "load_average_end": load_after},
-        "runs": {str(w): r for w, r in runs.items()},
-        "speedup_2_workers": round(speedup, 3),
-        "overhead": overhead,
-        "memory_bar": memory,
-    }, indent=2) + "\n")
-    print(f"scale: speedup_2w={speedup:.2f} overhead={overhead['run_percent']}% "
-          f"dedup_peak_rss_mb={peak if peak is not None else 'n/a'}")
+    args.output.write_text(
+        json.dumps(
+            {
+                "benchmark": "scale",
+                "parameters": {
+                    "mb": args.mb,
+                    "memory_docs": args.memory_docs,
+                    "memory_limit": args.memory_limit,
+                    "memory_buckets": args.memory_buckets,
+                    "memory_slice_bytes": args.memory_slice_bytes,
+                    "check_slice_bytes": args.check_slice_bytes,
+                    "memory_part_docs": args.memory_part_docs,
+                    "check_docs": args.check_docs,
+                },
+                "machine": {
+                    "platform": platform.platform(),
+                    "python": platform.python_version(),
+                    "cpus": os.cpu_count(),
+                    "load_average_start": load_before,
+                    "load_average_end": load_after,
+                },
+                "runs": {str(w): r for w, r in runs.items()},
+                "speedup_2_workers": round(speedup, 3),
+                "overhead": overhead,
+                "memory_bar": memory,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(
+        f"scale: speedup_2w={speedup:.2f} overhead={overhead['run_percent']}% "
+        f"dedup_peak_rss_mb={peak if peak is not None else 'n/a'}"
+    )
     return 1 if "failed" in memory else 0
 
 

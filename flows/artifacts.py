@@ -95,7 +95,9 @@ class RunProgress:
         stage = run.result.stage
         index = self.stages.index(stage) + 1
         _notify(StageEvent(stage, index, len(self.stages), self.branch, run))
-        self._update(index, f"curate: {stage} {'reused' if run.reused else 'done'} ({index} of {len(self.stages)})")
+        self._update(
+            index, f"curate: {stage} {'reused' if run.reused else 'done'} ({index} of {len(self.stages)})"
+        )
 
     def _update(self, done: int, description: str) -> None:
         _update_progress(self.artifact_id, 100.0 * done / len(self.stages), description=description)
@@ -186,15 +188,22 @@ def summary_markdown(published: Any, branch: str, done: list[StageRun], links: S
         columns = [c for c in rows[0] if c != "commit"]
         lines += ["| " + " | ".join(columns) + " | commit |", "|" + "---|" * (len(columns) + 1)]
         lines += [
-            "| " + " | ".join(_cell(row[c]) for c in columns) + f" | `{row['commit'][:SHORT_ID]}` |" for row in rows
+            "| " + " | ".join(_cell(row[c]) for c in columns) + f" | `{row['commit'][:SHORT_ID]}` |"
+            for row in rows
         ]
     if links.data_docs:
         lines += ["", "Great Expectations Data Docs (each stage's gate):", ""]
         lines += [f"- [{stage}]({url}) `{url}`" for stage, url in links.data_docs.items()]
         if any(url.startswith("file://") for url in links.data_docs.values()):
-            lines += ["", "Browsers do not open `file://` links from a web page: copy the path into the address bar."]
+            lines += [
+                "",
+                "Browsers do not open `file://` links from a web page: copy the path into the address bar.",
+            ]
     if links.funnel:
-        lines += ["", f"Documents and tokens per source through the stages: `{links.funnel}` (the `curate-funnel` artifact)."]
+        lines += [
+            "",
+            f"Documents and tokens per source through the stages: `{links.funnel}` (the `curate-funnel` artifact).",
+        ]
     if links.lakefs_ui:
         url = f"{links.lakefs_ui}/repositories/{links.repository}/commits/{published.commit_id}"
         lines += ["", f"lakeFS: [{published.tag}]({url})"]
@@ -203,5 +212,7 @@ def summary_markdown(published: Any, branch: str, done: list[StageRun], links: S
 
 def summary(published: Any, branch: str, done: list[StageRun], links: SummaryLinks) -> str:
     text = summary_markdown(published, branch, done, links)
-    create_markdown_artifact(text, key="curate-summary", description=f"{published.tag} at {published.commit_id[:SHORT_ID]}")
+    create_markdown_artifact(
+        text, key="curate-summary", description=f"{published.tag} at {published.commit_id[:SHORT_ID]}"
+    )
     return text

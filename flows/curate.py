@@ -94,7 +94,9 @@ def delete_run_branch(repo_spec: str, branch: str) -> None:
 
 
 def _warn_branch_left(branch: str, exc: Exception) -> None:
-    logging.getLogger(__name__).warning("curate: run branch %s is left (%s); `tokenlake janitor` removes it", branch, exc)
+    logging.getLogger(__name__).warning(
+        "curate: run branch %s is left (%s); `tokenlake janitor` removes it", branch, exc
+    )
 
 
 @flow(name="curate", log_prints=True, on_failure=[discard_run_branch], on_crashed=[discard_run_branch])
@@ -108,7 +110,9 @@ def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
         deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)
         sharded = run.run("shard", shard_task, params.shards, deduped.commit_id)
         mixed = run.run("mix", mix_task, params.mix, sharded.commit_id)
-    version = publish_task(run.repo_spec, run.branch, mixed.commit_id, run.links, run.flow_run_id, params, run.results)
+    version = publish_task(
+        run.repo_spec, run.branch, mixed.commit_id, run.links, run.flow_run_id, params, run.results
+    )
     print(report_run(params, run.repo_spec, run.branch, run.done, version))
     return version
 
@@ -129,7 +133,9 @@ def gate_failures(gates: GateConfig, sources: list[str], results: dict[str, Stag
     shard = results["shard"].report
     kept, tokens = shard.get("kept", 0), shard.get("tokens", 0)
     if kept < gates.min_documents:
-        failures.append(f"{kept} documents reached the shards, fewer than min_documents={gates.min_documents}")
+        failures.append(
+            f"{kept} documents reached the shards, fewer than min_documents={gates.min_documents}"
+        )
     if tokens < gates.min_tokens:
         failures.append(f"the shards hold {tokens} tokens, fewer than min_tokens={gates.min_tokens}")
     ingested = results["ingest"].report.get("documents_in", 0)
@@ -184,13 +190,17 @@ def publish_task(
     return version
 
 
-def report_run(params: CurateParams, repo_spec: str, branch: str, done: list[StageRun], version: PublishedVersion) -> str:
+def report_run(
+    params: CurateParams, repo_spec: str, branch: str, done: list[StageRun], version: PublishedVersion
+) -> str:
     """The run's table, funnel and summary artifacts; returns the summary's text."""
     stages_table(done)
     results = {run.result.stage: run.result for run in done}
     funnel = draw_funnel(funnel_of(results), funnel_path(version.tag), f"curate {version.tag}")
     create_image_artifact(
-        image_url(funnel), key="curate-funnel", description=f"documents and tokens per source through the stages, {version.tag}"
+        image_url(funnel),
+        key="curate-funnel",
+        description=f"documents and tokens per source through the stages, {version.tag}",
     )
     links = summary_links(repo_spec, version.tag, params.repository.lakefs_ui)
     links = SummaryLinks(links.data_docs, links.lakefs_ui, links.repository, str(funnel))
@@ -201,11 +211,20 @@ def summary_links(repo_spec: str, tag: str, lakefs_ui: str | None) -> SummaryLin
     """Where to look: each stage's Data Docs (lakeFS UI pages, or local copies) and the lakeFS UI."""
     repo = open_repo(repo_spec, create=False)
     docs = f"{layout.DATA_DOCS}/"
-    stages = sorted({o.path.removeprefix(docs).split("/")[0] for o in repo.list(tag, docs) if o.path.endswith("/index.html")})
+    stages = sorted(
+        {
+            o.path.removeprefix(docs).split("/")[0]
+            for o in repo.list(tag, docs)
+            if o.path.endswith("/index.html")
+        }
+    )
     if repo_spec.startswith("lakefs://"):
         ui = lakefs_ui or getattr(repo, "endpoint", "")
         name = repo_spec.removeprefix("lakefs://").strip("/")
-        pages = {s: f"{ui}/repositories/{name}/object?ref={tag}&path={layout.data_docs_folder(s)}/index.html" for s in stages}
+        pages = {
+            s: f"{ui}/repositories/{name}/object?ref={tag}&path={layout.data_docs_folder(s)}/index.html"
+            for s in stages
+        }
         return SummaryLinks(data_docs=pages, lakefs_ui=ui, repository=name)
     target = data_home() / "data-docs" / tag  # browsers open local files, not repository objects
     for stat in repo.list(tag, docs):
@@ -213,4 +232,6 @@ def summary_links(repo_spec: str, tag: str, lakefs_ui: str | None) -> SummaryLin
         path = target / validate_path(stat.path.removeprefix(docs))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(repo.get(tag, stat.path))
-    return SummaryLinks(data_docs={s: (target / s / "index.html").as_uri() for s in stages}, repository=repo_spec)
+    return SummaryLinks(
+        data_docs={s: (target / s / "index.html").as_uri() for s in stages}, repository=repo_spec
+    )

@@ -40,7 +40,9 @@ class DemoBudget:
 def stdlib_files() -> Iterator[tuple[str, Path]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")
+        )
         for name in filenames:
             if name.endswith(".py"):
                 full = Path(dirpath, name)
@@ -62,7 +64,9 @@ def license_files() -> Iterator[tuple[str, Path]]:
     for root in site_packages():
         for dist in sorted(root.glob("*.dist-info")):
             for path in sorted(dist.rglob("*")):
-                if path.is_file() and ("licenses" in path.parts or path.name.upper().startswith(("LICENSE", "COPYING"))):
+                if path.is_file() and (
+                    "licenses" in path.parts or path.name.upper().startswith(("LICENSE", "COPYING"))
+                ):
                     yield f"{dist.name}/{path.relative_to(dist).as_posix()}", path
     if COMMON_LICENSES.is_dir():
         for path in sorted(COMMON_LICENSES.iterdir()):
@@ -100,7 +104,10 @@ def stage(files: dict[str, Path], dest: Path) -> Path:
     for rel, src in files.items():
         target = dest / rel
         st = src.stat()
-        if target.exists() and (target.stat().st_size, target.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns):
+        if target.exists() and (target.stat().st_size, target.stat().st_mtime_ns) == (
+            st.st_size,
+            st.st_mtime_ns,
+        ):
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)

@@ -36,7 +36,9 @@ def work_pools(prefect_yaml: Path) -> dict[str, str]:
     for entry in spec.get("deployments") or []:
         pool = (entry.get("work_pool") or {}).get("name")
         if not pool:
-            raise ServeError(f"{prefect_yaml}: deployment {entry.get('name')!r} names no work_pool; add `work_pool: {{name: ...}}`")
+            raise ServeError(
+                f"{prefect_yaml}: deployment {entry.get('name')!r} names no work_pool; add `work_pool: {{name: ...}}`"
+            )
         pools[entry["name"]] = pool
     if not pools:
         raise ServeError(f"{prefect_yaml} declares no deployments")
@@ -86,7 +88,9 @@ def deploy_all(prefect_yaml: Path, root: Path) -> list[str]:
         cwd=root, env=_environment(root), capture_output=True, text=True,
     )  # fmt: skip
     if deploy.returncode != 0:
-        raise ServeError(f"prefect deploy failed ({deploy.returncode}):\n{(deploy.stdout + deploy.stderr).strip()[-3000:]}")
+        raise ServeError(
+            f"prefect deploy failed ({deploy.returncode}):\n{(deploy.stdout + deploy.stderr).strip()[-3000:]}"
+        )
     for name, kind in sorted(types.items()):
         if kind != "process":
             print(f"tokenlake serve: pool {name} is a {kind} pool: run its worker where that infrastructure is "
@@ -99,7 +103,11 @@ def start_worker(pools: list[str], root: Path) -> int:
     if not pools:
         raise ServeError("no process work pool to run a worker for")
     workers: list[subprocess.Popen[Any]] = [
-        subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool], cwd=root, env=_environment(root))
+        subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
+            cwd=root,
+            env=_environment(root),
+        )
         for pool in pools
     ]
     try:

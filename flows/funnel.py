@@ -68,7 +68,11 @@ def draw_funnel(funnel: Funnel, path: Path, title: str) -> Path:
     colours = plt.get_cmap("tab10")
     heights = (max(len(funnel.documents), 1), max(len(funnel.tokens), 1))
     fig, axes = plt.subplots(
-        2, 1, figsize=(9, 1.2 + 0.55 * sum(heights)), gridspec_kw={"height_ratios": heights}, constrained_layout=True
+        2,
+        1,
+        figsize=(9, 1.2 + 0.55 * sum(heights)),
+        gridspec_kw={"height_ratios": heights},
+        constrained_layout=True,
     )
     for ax, rows, unit in ((axes[0], funnel.documents, "documents"), (axes[1], funnel.tokens, "tokens")):
         labels = [label for label, _ in rows]

@@ -76,7 +76,9 @@ def _read_flow_run(client: Any, flow_run_id: str) -> FlowRun | None:
         return None
 
 
-def _judge_run(client: Any, run: FlowRun | None, max_age_hours: float, dry_run: bool) -> tuple[str, float | None, bool, str]:
+def _judge_run(
+    client: Any, run: FlowRun | None, max_age_hours: float, dry_run: bool
+) -> tuple[str, float | None, bool, str]:
     """(state name, age in hours, remove?, reason) for the flow run owning a branch."""
     if run is None:
         return "unknown", None, False, "flow run not found in this Prefect API; kept"
@@ -88,7 +90,12 @@ def _judge_run(client: Any, run: FlowRun | None, max_age_hours: float, dry_run: 
     if state_type in _LIVE_STATES:
         alive = process_alive(run.infrastructure_pid, run.start_time)
         if alive is None:
-            return name, None, False, f"flow run is {name} on {run.infrastructure_pid or 'an unknown host'}; kept"
+            return (
+                name,
+                None,
+                False,
+                f"flow run is {name} on {run.infrastructure_pid or 'an unknown host'}; kept",
+            )
         if alive:
             return name, None, False, f"flow run is {name} (process {run.infrastructure_pid} alive); kept"
         message = f"process {run.infrastructure_pid} is gone; marked crashed by the tokenlake janitor"
@@ -136,8 +143,12 @@ def _judge_lock(client: Any, repo: DataRepo, dry_run: bool) -> tuple[str, str, f
     run = _read_flow_run(client, holder["flow_run_id"])
     alive = process_alive(f"{holder['host']}:{holder['pid']}", run.start_time if run else None)
     if alive is False or (run is not None and run.state and run.state.is_final()):
-        return holder["flow_run_id"], run.state.name if run and run.state else "unknown", None, True, (
-            "publish lock held by a dead process"
+        return (
+            holder["flow_run_id"],
+            run.state.name if run and run.state else "unknown",
+            None,
+            True,
+            ("publish lock held by a dead process"),
         )
     return holder["flow_run_id"], "alive", None, False, "a publish is in progress; kept"
 
@@ -155,5 +166,7 @@ def janitor(params: JanitorParams = JanitorParams()) -> list[dict[str, Any]]:
     if rows:
         create_table_artifact(rows, key="janitor", description="run branches judged by the janitor")
     removed = [v.branch for v in verdicts if v.removed]
-    get_run_logger().info("janitor: removed %d branch(es)%s", len(removed), f": {', '.join(removed)}" if removed else "")
+    get_run_logger().info(
+        "janitor: removed %d branch(es)%s", len(removed), f": {', '.join(removed)}" if removed else ""
+    )
     return rows

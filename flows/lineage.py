@@ -192,7 +192,8 @@ def read_lineage(repo: DataRepo, run: str | None = None, select: StepSelector | 
 
     marks = {key: [TaintMark(**mark) for mark in body[p].get("marks", [])] for key, p in taint_paths.items()}
     checkpoints = [
-        CheckpointRecord.from_record(body[p], marks.get(key, ())) for key, p in sorted(checkpoint_paths.items())
+        CheckpointRecord.from_record(body[p], marks.get(key, ()))
+        for key, p in sorted(checkpoint_paths.items())
     ]
     rollbacks = sorted((body[p] for p in rollback_paths), key=lambda r: r.get("created", 0.0))
     history = RecordedRollbacks.read(repo, recorded=rollbacks)
@@ -252,7 +253,9 @@ def describe_data(repo: DataRepo, ref: str, index: LineageIndex | None = None) -
         stages = tuple(_stage_commit(repo, link.stage, link.commit) for link in record.chain)
     else:
         stages = _stage_chain(repo, commit.id)
-    history = index.history if index is not None and index.history is not None else RecordedRollbacks.read(repo)
+    history = (
+        index.history if index is not None and index.history is not None else RecordedRollbacks.read(repo)
+    )
     verdict = history.verdict(commit.id)
     return DataVersion(
         commit=commit.id,
@@ -304,7 +307,14 @@ def _sources(repo: DataRepo, stages: tuple[StageCommit, ...]) -> tuple[dict[str,
     configured = (report.get("extra") or {}).get("sources")
     if configured:
         return tuple(configured)
-    counts = {"documents_in", "kept", "rejected", "partitions", "parts", "raw_parts"}  # raw_parts: reports before 0.2
+    counts = {
+        "documents_in",
+        "kept",
+        "rejected",
+        "partitions",
+        "parts",
+        "raw_parts",
+    }  # raw_parts: reports before 0.2
     return tuple(
         {"name": name, **{k: v for k, v in stats.items() if k not in counts}}
         for name, stats in sorted((report.get("per_source") or {}).items())
@@ -342,7 +352,9 @@ def _find(repo: DataRepo, name: str) -> tuple[CheckpointRecord, LineageIndex]:
     if meta is not None:  # its lineage record is still queued on the training machine
         record = {k: v for k, v in meta.items() if k != "config"} | {"checkpoint": str(directory.resolve())}
         assert index.history is not None
-        return CheckpointRecord.from_record(record, reverted=index.history.verdict(meta["data"]["commit"])), index
+        return CheckpointRecord.from_record(
+            record, reverted=index.history.verdict(meta["data"]["commit"])
+        ), index
     steps = ", ".join(map(str, index.listed.get(run, []))) or "none"
     raise LineageError(
         f"no lineage record for checkpoint {run}@{step} on branch {LINEAGE_BRANCH!r} "

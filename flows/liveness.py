@@ -36,8 +36,11 @@ def process_alive(infrastructure_pid: str | None, started: datetime | None) -> b
 def _proc_stat(pid: int) -> tuple[str, float | None] | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
     except (OSError, IndexError, StopIteration, ValueError):
         return None
     return fields[0], boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")

@@ -48,7 +48,9 @@ class GateConfig(BaseModel):
     min_documents: int = Field(default=1, ge=0, description="documents packed into the shards, at least")
     min_tokens: int = Field(default=1, ge=0, description="tokens in the shards, at least")
     max_quarantined_fraction: float = Field(
-        default=0.95, ge=0.0, le=1.0,
+        default=0.95,
+        ge=0.0,
+        le=1.0,
         description="share of ingested documents that may end in quarantine across all stages",
     )
     every_source_in_shards: bool = Field(
@@ -66,7 +68,9 @@ class RetryConfig(BaseModel):
 
     retries: int = Field(default=3, ge=0, description="retries of a failed stage or publish")
     backoff_seconds: float = Field(default=2.0, ge=0, description="first delay; doubles with each retry")
-    jitter_factor: float = Field(default=0.5, ge=0, description="random extra delay, as a fraction of the delay")
+    jitter_factor: float = Field(
+        default=0.5, ge=0, description="random extra delay, as a fraction of the delay"
+    )
 
     def task_options(self) -> dict[str, Any]:
         """Prefect task options: ``retries`` delays of backoff_seconds, doubling
@@ -92,11 +96,14 @@ class RunnerConfig(BaseModel):
         "dask:tcp://host:8786 (an existing Dask scheduler, whose workers see the same repository)",
     )
     workers: int = Field(
-        default=1, ge=1, le=1024,
+        default=1,
+        ge=1,
+        le=1024,
         description="local: partitions at once (1 runs them in the flow's process); dask: LocalCluster worker processes",
     )
     memory_limit: str = Field(
-        default="auto", description="dask LocalCluster: memory per worker process, e.g. 2GiB ('auto' shares the machine's)"
+        default="auto",
+        description="dask LocalCluster: memory per worker process, e.g. 2GiB ('auto' shares the machine's)",
     )
 
     @field_validator("memory_limit")
@@ -108,7 +115,9 @@ class RunnerConfig(BaseModel):
             try:
                 parse_bytes(value)
             except ValueError:
-                raise ValueError(f"memory_limit {value!r} is not a size: write e.g. 2GiB, 512MB or auto") from None
+                raise ValueError(
+                    f"memory_limit {value!r} is not a size: write e.g. 2GiB, 512MB or auto"
+                ) from None
         return value
 
 
@@ -131,7 +140,9 @@ class CurateParams(BaseModel):
     gates: GateConfig = Field(default_factory=GateConfig, description="what must hold before publishing")
     repository: RepositoryConfig = Field(default_factory=RepositoryConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
-    runner: RunnerConfig = Field(default_factory=RunnerConfig, description="where the partitions of each stage run")
+    runner: RunnerConfig = Field(
+        default_factory=RunnerConfig, description="where the partitions of each stage run"
+    )
 
     @classmethod
     def from_toml(cls, path: str | Path) -> CurateParams:
@@ -169,7 +180,9 @@ def check_ready(params: CurateParams, repo_spec: str) -> None:
     ]:
         unknown = sorted(set(weights or {}) - names)
         if unknown:
-            raise ConfigError(f"{where} names {', '.join(unknown)}, not among the sources ({', '.join(sorted(names))})")
+            raise ConfigError(
+                f"{where} names {', '.join(unknown)}, not among the sources ({', '.join(sorted(names))})"
+            )
     open_repo(repo_spec).list_branches()  # reachable, and created when new
 
 

@@ -1,7 +1,7 @@
 """The whole pipeline as DESIGN.md draws it: curate a dataset version, then train on it.
 
-    curate  (sources -> ... -> publish: merge into main + tag)   -> PublishedVersion
-    train   (on the commit id that publish made, never on a moving ref)
+curate  (sources -> ... -> publish: merge into main + tag)   -> PublishedVersion
+train   (on the commit id that publish made, never on a moving ref)
 """
 
 from __future__ import annotations

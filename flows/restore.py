@@ -69,7 +69,9 @@ def plan_rollback(repo: DataRepo, to: str, hard: bool = False) -> RollbackPlan:
             "roll back to a tag or commit listed by `tokenlake repo log main`"
         )
     if not repo.diff(target, main_head):
-        raise AlreadyRestored(f"main already holds the content of {to!r} ({target[:12]}): nothing to roll back")
+        raise AlreadyRestored(
+            f"main already holds the content of {to!r} ({target[:12]}): nothing to roll back"
+        )
     parents = {c.id: c.parents for c in repo.log(main_head)}
     history = _reachable(parents, main_head)
     return RollbackPlan(
@@ -180,7 +182,14 @@ def _revert(repo: DataRepo, plan: RollbackPlan, tag: str, flow_run_id: str) -> R
     repo.create_tag(tag, head)
     new = {*revert_commits, head, *([restore_commit] if restore_commit else [])}
     return RestoredMain(
-        tag, method, plan.main_head, head, tuple(reverted), tuple(revert_commits), restore_commit, frozenset(new)
+        tag,
+        method,
+        plan.main_head,
+        head,
+        tuple(reverted),
+        tuple(revert_commits),
+        restore_commit,
+        frozenset(new),
     )
 
 
@@ -209,5 +218,7 @@ def _hard_reset(repo: DataRepo, plan: RollbackPlan, tag: str) -> RestoredMain:
 
 def next_rollback_tag(repo: DataRepo, now: datetime | None = None) -> str:
     prefix = f"{ROLLBACK_TAG_PREFIX}{(now or datetime.now(UTC)).strftime('%Y%m%d')}-"
-    taken = [int(t[len(prefix):]) for t in repo.list_tags() if t.startswith(prefix) and t[len(prefix):].isdigit()]
+    taken = [
+        int(t[len(prefix) :]) for t in repo.list_tags() if t.startswith(prefix) and t[len(prefix) :].isdigit()
+    ]
     return f"{prefix}{max(taken, default=0) + 1}"

@@ -66,18 +66,24 @@ class RollbackParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    to: str = Field(description="the dataset version main goes back to: a ds-* tag or a commit id on main's history")
+    to: str = Field(
+        description="the dataset version main goes back to: a ds-* tag or a commit id on main's history"
+    )
     hard: bool = Field(
         default=False, description="move main to the target instead of reverting (later history leaves main)"
     )
     resume: bool = Field(
-        default=False, description="resume each tainted run from its newest untainted checkpoint on the restored main"
+        default=False,
+        description="resume each tainted run from its newest untainted checkpoint on the restored main",
     )
     resume_steps: int | None = Field(
-        default=None, ge=1, description="steps the resumed runs train to; default: each run's configured steps"
+        default=None,
+        ge=1,
+        description="steps the resumed runs train to; default: each run's configured steps",
     )
     repository: str | None = Field(
-        default=None, description="a local directory or lakefs://REPOSITORY; default $TOKENLAKE_REPO, else the data home's repo folder"
+        default=None,
+        description="a local directory or lakefs://REPOSITORY; default $TOKENLAKE_REPO, else the data home's repo folder",
     )
 
 
@@ -131,7 +137,9 @@ def rollback(params: RollbackParams) -> RollbackReport:
         method=restored.method, previous_main=restored.previous_head, main=restored.head, reverted=list(restored.reverted),
         tainted=[c.summary() for c in tainted], resumed=resumed,
     )  # fmt: skip
-    create_markdown_artifact(summary_markdown(report), key="rollback-summary", description=f"rollback {report.tag}")
+    create_markdown_artifact(
+        summary_markdown(report), key="rollback-summary", description=f"rollback {report.tag}"
+    )
     print(f"rollback {report.tag}: main restored to {plan.target_ref} ({report.method}); "
           f"{len(tainted)} checkpoint(s) tainted, {len(resumed)} run(s) resumed")  # fmt: skip
     return report
@@ -147,8 +155,12 @@ def marks_only(repo_spec: str, params: RollbackParams, flow_run_id: str) -> Roll
         tag="", flow_run_id=flow_run_id, target_ref=params.to, target=repo.resolve(params.to), method=MARKS_ONLY,
         previous_main=main, main=main, reverted=[], tainted=[c.summary() for c in tainted], resumed=[],
     )  # fmt: skip
-    create_markdown_artifact(summary_markdown(report), key="rollback-summary", description="rollback: marks only")
-    print(f"rollback: main already holds {params.to}; {len(tainted)} checkpoint(s) trained on reverted data marked")
+    create_markdown_artifact(
+        summary_markdown(report), key="rollback-summary", description="rollback: marks only"
+    )
+    print(
+        f"rollback: main already holds {params.to}; {len(tainted)} checkpoint(s) trained on reverted data marked"
+    )
     if params.resume:
         print("rollback: nothing was restored, so no run is resumed; continue a run on main with "
               "`tokenlake train --dataset main --run RUN --resume allow-data-change`")  # fmt: skip
@@ -164,11 +176,15 @@ def plan_task(repo_spec: str, to: str, hard: bool) -> RollbackPlan | None:
 @task(name="restore-main", cache_policy=NO_CACHE)  # not retried: a half-done restore is planned afresh
 def restore_task(repo_spec: str, plan: RollbackPlan, flow_run_id: str) -> RestoredMain:
     restored = restore_main(open_repo(repo_spec, create=False), plan, flow_run_id)
-    get_run_logger().info("rollback: main restored to %s by %s, tagged %s", plan.target_ref, restored.method, restored.tag)
+    get_run_logger().info(
+        "rollback: main restored to %s by %s, tagged %s", plan.target_ref, restored.method, restored.tag
+    )
     return restored
 
 
-@task(name="taint-checkpoints", cache_policy=NO_CACHE, **IO_RETRIES)  # rewrites the same records: safe to retry
+@task(
+    name="taint-checkpoints", cache_policy=NO_CACHE, **IO_RETRIES
+)  # rewrites the same records: safe to retry
 def taint_task(
     repo_spec: str, plan: RollbackPlan | None, restored: RestoredMain | None, flow_run_id: str
 ) -> list[CheckpointRecord]:
@@ -189,7 +205,9 @@ def tainted_table(tainted: list[CheckpointRecord], what: str) -> None:
         for c in tainted
     ]  # fmt: skip
     create_table_artifact(
-        rows, key="rollback-tainted", description=f"{len(rows)} checkpoint(s) {what} (marked in lineage, never deleted)"
+        rows,
+        key="rollback-tainted",
+        description=f"{len(rows)} checkpoint(s) {what} (marked in lineage, never deleted)",
     )
 
 

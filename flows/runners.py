@@ -30,7 +30,11 @@ def task_runner(spec: str, workers: int = 1, memory_limit: str = "auto") -> Task
     """The Prefect task runner named by ``spec`` (``local``, ``dask`` or ``dask:<scheduler address>``)."""
     kind, _, address = spec.partition(":")
     if kind == "local" and not address:
-        return ThreadPoolTaskRunner(max_workers=1) if workers == 1 else ProcessPoolTaskRunner(max_workers=workers)
+        return (
+            ThreadPoolTaskRunner(max_workers=1)
+            if workers == 1
+            else ProcessPoolTaskRunner(max_workers=workers)
+        )
     if kind == "dask":
         from prefect_dask import DaskTaskRunner
 
@@ -79,4 +83,6 @@ def dask_worker_config(spec: str) -> AbstractContextManager[Any]:
         return nullcontext()
     import dask
 
-    return dask.config.set({"distributed.worker.memory.pause": False, "distributed.worker.profile.enabled": False})
+    return dask.config.set(
+        {"distributed.worker.memory.pause": False, "distributed.worker.profile.enabled": False}
+    )

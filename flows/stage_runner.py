@@ -119,7 +119,9 @@ class StageRunner:
             retry_condition_fn=retry_transient,
             **self.retry_options,
         )
-        state = runnable(self.repo_spec, self.branch, config, input_commit, self.flow_run_id, return_state=True)
+        state = runnable(
+            self.repo_spec, self.branch, config, input_commit, self.flow_run_id, return_state=True
+        )
         result: StageResult = state.result()
         reused = state.name == "Cached"
         if reused and decision == "fast-forward":

@@ -53,8 +53,12 @@ def step_positions(repo: DataRepo, checkpoint: CheckpointRecord, step: int) -> l
         raise LineageError(
             f"step {step} is not one that {checkpoint.name} trained: give a step from 1 to {checkpoint.step}"
         )
+
     def around(steps: list[int]) -> list[int]:  # the newest checkpoint before the step, the first at or after
-        return [max((s for s in steps if s < step), default=-1), min((s for s in steps if s >= step), default=-1)]
+        return [
+            max((s for s in steps if s < step), default=-1),
+            min((s for s in steps if s >= step), default=-1),
+        ]
 
     run = read_lineage(repo, checkpoint.run, select=around).of_run(checkpoint.run)
     start = max((c for c in run if c.step < step), key=lambda c: c.step, default=None)
@@ -84,5 +88,7 @@ def locate_positions(plan: MixPlan, manifest: Manifest, positions: np.ndarray) -
     for p, s, e, k in zip(positions.tolist(), source.tolist(), epoch.tolist(), index.tolist(), strict=True):
         entries, starts = shard_tables[s]
         shard = int(np.searchsorted(starts, k, side="right")) - 1
-        found.append(SamplePosition(p, plan.source_names[s], e, k, entries[shard].name, k - int(starts[shard])))
+        found.append(
+            SamplePosition(p, plan.source_names[s], e, k, entries[shard].name, k - int(starts[shard]))
+        )
     return found

@@ -33,7 +33,9 @@ from training.reverted import RecordedRollbacks, RollbackRecord
 from versioning import Conflict, DataRepo
 
 
-def rollback_record(repo: DataRepo, plan: RollbackPlan, restored: RestoredMain, flow_run_id: str) -> RollbackRecord:
+def rollback_record(
+    repo: DataRepo, plan: RollbackPlan, restored: RestoredMain, flow_run_id: str
+) -> RollbackRecord:
     """The record of a rollback that just restored main (written by :func:`mark_tainted`)."""
     return RollbackRecord(
         tag=restored.tag, target=plan.target, previous_main=restored.previous_head, main=restored.head,
@@ -70,7 +72,9 @@ def mark_tainted(
     for checkpoint in tainted:
         verdict = checkpoint.reverted
         assert verdict is not None, "find_tainted() gives tainted checkpoints only"
-        mark = TaintMark(verdict.rollback, verdict.target, checkpoint.data_commit, verdict.reason, marked_at=now)
+        mark = TaintMark(
+            verdict.rollback, verdict.target, checkpoint.data_commit, verdict.reason, marked_at=now
+        )
         marks = [asdict(m) for m in checkpoint.taints if m.rollback != verdict.rollback] + [asdict(mark)]
         put_record(repo, taint_record_path(checkpoint.run, checkpoint.step), {"marks": marks})
     if rollback is not None:
@@ -178,7 +182,12 @@ def fork_checkpoint(repo: DataRepo, plan: ResumePlan, rollback_tag: str, flow_ru
     }
     ensure_runs_branch(repo)
     step = plan.from_checkpoint.step
-    record = {**plan.from_checkpoint.record, "run": plan.run, "checkpoint": str(destination), "forked_from": fork}
+    record = {
+        **plan.from_checkpoint.record,
+        "run": plan.run,
+        "checkpoint": str(destination),
+        "forked_from": fork,
+    }
     put_record(repo, checkpoint_record_path(plan.run, step), record)
     put_record(repo, event_record_path(plan.run, "fork", step), {**fork, "step": step})
     repo.commit(

@@ -57,7 +57,8 @@ class TrainParams(BaseModel):
 
     dataset: str = Field(default=MAIN, description="dataset ref: a tag, branch or commit id")
     run: str | None = Field(
-        default=None, description="run name; default: the preset and the commit's first 12 characters (tiny-2d27ba8b5bde)"
+        default=None,
+        description="run name; default: the preset and the commit's first 12 characters (tiny-2d27ba8b5bde)",
     )
     preset: PresetName = Field(default="tiny", description="model size")
     steps: int = Field(default=DEFAULT_STEPS, ge=1, description="optimizer steps to reach")
@@ -291,7 +292,9 @@ def train_flow(params: TrainParams) -> TrainSummary:
     config = params.train_config(commit, flow_run_id=str(flow_run.id or ""))
     start, done = starting_step(config)
     if done:
-        get_run_logger().info("nothing to train: the run %s is already at step %d on commit %s", config.run, start, commit)
+        get_run_logger().info(
+            "nothing to train: the run %s is already at step %d on commit %s", config.run, start, commit
+        )
     else:
         run_torchrun.with_options(retries=params.retries, retry_delay_seconds=1)(config, launch)
     return publish_artifacts(config, start_step=start)

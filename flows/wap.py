@@ -113,7 +113,9 @@ class PublishRecord:
         if meta.get("stage") != PUBLISH_STAGE or "chain" not in meta:
             return None
         chain = tuple(ChainLink(**link) for link in json.loads(meta["chain"]))
-        return cls(commit.id, meta.get("tag", ""), meta.get("input_commit", ""), meta.get("flow_run_id", ""), chain)
+        return cls(
+            commit.id, meta.get("tag", ""), meta.get("input_commit", ""), meta.get("flow_run_id", ""), chain
+        )
 
     def link(self, stage: str) -> ChainLink | None:
         return next((link for link in self.chain if link.stage == stage), None)
@@ -145,7 +147,12 @@ def _lock_held(repo: DataRepo) -> tuple[str, dict[str, str]] | None:
         return None
     meta = repo.get_commit(lock_commit).metadata
     if meta.get("stage") != "lock":
-        return lock_commit, {"flow_run_id": "", "host": "", "pid": "", "since": ""}  # created, holder not yet written
+        return lock_commit, {
+            "flow_run_id": "",
+            "host": "",
+            "pid": "",
+            "since": "",
+        }  # created, holder not yet written
     return lock_commit, {k: meta.get(k, "") for k in ("flow_run_id", "host", "pid", "since")}
 
 
@@ -200,14 +207,18 @@ def _take_lock(repo: DataRepo, flow_run_id: str) -> None:
             "pid": str(os.getpid()),
             "since": datetime.now(UTC).isoformat(timespec="seconds"),
         }
-        commit = repo.commit(candidate, f"publish lock held by flow run {flow_run_id}", holder, allow_empty=True)
+        commit = repo.commit(
+            candidate, f"publish lock held by flow run {flow_run_id}", holder, allow_empty=True
+        )
         repo.create_branch(PUBLISH_LOCK_BRANCH, commit.id)
     finally:
         _delete_if_present(repo, candidate)
 
 
 @contextmanager
-def publish_lock(repo: DataRepo, flow_run_id: str, wait_s: float = 120.0, poll_s: float = 0.5) -> Iterator[None]:
+def publish_lock(
+    repo: DataRepo, flow_run_id: str, wait_s: float = 120.0, poll_s: float = 0.5
+) -> Iterator[None]:
     """Hold ``lock-publish`` for the block; re-entrant for the same flow run (a retried task)."""
     deadline = time.monotonic() + wait_s
     while True:
@@ -255,7 +266,9 @@ def tags_of(repo: DataRepo, commit_id: str) -> list[str]:
 def next_tag(repo: DataRepo, now: datetime | None = None) -> str:
     day = (now or datetime.now(UTC)).strftime("%Y%m%d")
     prefix = f"{TAG_PREFIX}{day}-"
-    taken = [int(t[len(prefix):]) for t in repo.list_tags() if t.startswith(prefix) and t[len(prefix):].isdigit()]
+    taken = [
+        int(t[len(prefix) :]) for t in repo.list_tags() if t.startswith(prefix) and t[len(prefix) :].isdigit()
+    ]
     return f"{prefix}{max(taken, default=0) + 1}"
 
 
@@ -390,7 +403,9 @@ def _tokens_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
         manifest = json.loads(repo.get(ref, layout.MANIFEST))
     except NotFound:
         return {}
-    return {source: int(stats.get("tokens", 0)) for source, stats in sorted(manifest.get("sources", {}).items())}
+    return {
+        source: int(stats.get("tokens", 0)) for source, stats in sorted(manifest.get("sources", {}).items())
+    }
 
 
 def _documents_in_shards(repo: DataRepo, ref: str) -> dict[str, int]:
@@ -411,4 +426,6 @@ def _documents_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
         report = json.loads(repo.get(ref, layout.report_path("dedup")))
     except NotFound:
         return {}
-    return {source: int(stats.get("kept", 0)) for source, stats in sorted(report.get("per_source", {}).items())}
+    return {
+        source: int(stats.get("kept", 0)) for source, stats in sorted(report.get("per_source", {}).items())
+    }

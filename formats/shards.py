@@ -342,9 +342,16 @@ class Manifest(BaseModel):
         if not self.shards:
             found.append(("has_shards", "the manifest lists no shard"))
         if self.numpy_dtype != dtype_for_vocab(self.vocab_size):
-            found.append(("dtype_fits_vocabulary", f"dtype {self.dtype} does not match vocab_size {self.vocab_size}"))
+            found.append(
+                ("dtype_fits_vocabulary", f"dtype {self.dtype} does not match vocab_size {self.vocab_size}")
+            )
         if self.eod_token >= self.vocab_size:
-            found.append(("eod_in_vocabulary", f"eod_token {self.eod_token} is outside the vocabulary ({self.vocab_size})"))
+            found.append(
+                (
+                    "eod_in_vocabulary",
+                    f"eod_token {self.eod_token} is outside the vocabulary ({self.vocab_size})",
+                )
+            )
         row_len = self.seq_len + 1
         for e in self.shards:
             if e.sequences == 0:
@@ -354,32 +361,53 @@ class Manifest(BaseModel):
             if not SHA256_HEX.match(e.sha256):
                 found.append(("checksums", f"{e.name}: sha256 {e.sha256!r} is not 64 hex digits"))
             if e.tokens != e.sequences * row_len:
-                found.append(("tokens_per_sequence", f"{e.name}: tokens {e.tokens} != sequences {e.sequences} * {row_len}"))
+                found.append(
+                    (
+                        "tokens_per_sequence",
+                        f"{e.name}: tokens {e.tokens} != sequences {e.sequences} * {row_len}",
+                    )
+                )
             if e.bytes != HEADER_SIZE + e.tokens * self.numpy_dtype.itemsize:
-                found.append(("file_sizes", f"{e.name}: bytes {e.bytes} do not match {e.tokens} {self.dtype} tokens"))
+                found.append(
+                    ("file_sizes", f"{e.name}: bytes {e.bytes} do not match {e.tokens} {self.dtype} tokens")
+                )
         names = [e.name for e in self.shards]
         if len(set(names)) != len(names):
             found.append(("unique_names", "shard names are not unique"))
         rebuilt = Manifest.build(self.shards, **self._fields())
         if set(rebuilt.sources) != set(self.sources):
             found.append(
-                ("sources_have_shards", f"sources with shards {sorted(rebuilt.sources)} != declared {sorted(self.sources)}")
+                (
+                    "sources_have_shards",
+                    f"sources with shards {sorted(rebuilt.sources)} != declared {sorted(self.sources)}",
+                )
             )
         for source, summed in sorted(rebuilt.sources.items()):
             declared = self.sources.get(source, {"sequences": -1, "tokens": -1})
             for unit in ("sequences", "tokens"):
                 if declared[unit] != summed[unit]:
                     found.append(
-                        (f"source_{unit}", f"source {source}: {unit} {declared[unit]} != sum of its shards {summed[unit]}")
+                        (
+                            f"source_{unit}",
+                            f"source {source}: {unit} {declared[unit]} != sum of its shards {summed[unit]}",
+                        )
                     )
             counts = [e.sequences for e in self.shards_of(source)]
             if max(counts) - min(counts) > 1:
                 found.append(
-                    ("balanced_sources", f"source {source}: shard sizes {min(counts)}..{max(counts)} differ by more than one sequence")
+                    (
+                        "balanced_sources",
+                        f"source {source}: shard sizes {min(counts)}..{max(counts)} differ by more than one sequence",
+                    )
                 )
         for unit in ("sequences", "tokens"):
             if self.totals[unit] != rebuilt.totals[unit]:
-                found.append((f"total_{unit}", f"totals: {unit} {self.totals[unit]} != sum of shards {rebuilt.totals[unit]}"))
+                found.append(
+                    (
+                        f"total_{unit}",
+                        f"totals: {unit} {self.totals[unit]} != sum of shards {rebuilt.totals[unit]}",
+                    )
+                )
         return found
 
     def faults(self) -> list[str]:

@@ -269,7 +269,9 @@ def _write_frame(check: GateCheck, path: Path) -> None:
     frame.to_parquet(path)
 
 
-def run_gate(checks: Iterable[GateCheck], run_name: str, coverage: Coverage, docs_dir: Path | None = None) -> GateOutcome:
+def run_gate(
+    checks: Iterable[GateCheck], run_name: str, coverage: Coverage, docs_dir: Path | None = None
+) -> GateOutcome:
     """Validate every check in one GX Checkpoint run named ``run_name``; with ``docs_dir``, its
     ``UpdateDataDocsAction`` writes the Data Docs site there."""
     import great_expectations as gx
@@ -290,7 +292,10 @@ def run_gate(checks: Iterable[GateCheck], run_name: str, coverage: Coverage, doc
             site_name=DOCS_SITE,
             site_config={
                 "class_name": "SiteBuilder",
-                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "store_backend": {
+                    "class_name": "TupleFilesystemStoreBackend",
+                    "base_directory": str(docs_dir),
+                },
                 "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
             },
         )
@@ -301,15 +306,17 @@ def run_gate(checks: Iterable[GateCheck], run_name: str, coverage: Coverage, doc
         for check in checks:
             path = Path(frames) / f"{check.suite}.parquet"
             _write_frame(check, path)
-            batch = datasource.add_parquet_asset(check.suite, path=str(path)).add_batch_definition_whole_dataframe(
-                check.suite
-            )
+            batch = datasource.add_parquet_asset(
+                check.suite, path=str(path)
+            ).add_batch_definition_whole_dataframe(check.suite)
             stored = load_suite(check.suite)
             # GX shows a suite's notes on its Data Docs page: what this run read comes first
             notes = f"This run {coverage.sentence()}. {stored.pop('notes', '')}".strip()
             suite = context.suites.add(gx.ExpectationSuite(**stored, notes=notes))
             definitions.append(
-                context.validation_definitions.add(gx.ValidationDefinition(name=check.suite, data=batch, suite=suite))
+                context.validation_definitions.add(
+                    gx.ValidationDefinition(name=check.suite, data=batch, suite=suite)
+                )
             )
         checkpoint = context.checkpoints.add(
             gx.Checkpoint(
@@ -342,7 +349,9 @@ def run_gate(checks: Iterable[GateCheck], run_name: str, coverage: Coverage, doc
                 "expectations": entries,
             }
         )
-    return GateOutcome(not failures, suites, failures, run_name, coverage, str(docs_dir) if docs_dir else None)
+    return GateOutcome(
+        not failures, suites, failures, run_name, coverage, str(docs_dir) if docs_dir else None
+    )
 
 
 def publish_data_docs(repo: DataRepo, branch: str, stage: str, docs_dir: Path) -> list[str]:

@@ -224,7 +224,9 @@ class SourceOutput(DocumentCounts):
         if self._sample is not None:
             self._sample.absorb(partition.sample, partition.kept)
 
-    def count(self, *, documents_in: int = 0, kept: int = 0, rejected: Mapping[str, int] | None = None) -> None:
+    def count(
+        self, *, documents_in: int = 0, kept: int = 0, rejected: Mapping[str, int] | None = None
+    ) -> None:
         """Documents a core counted but did not hand over as rows: those it read, those kept as
         something else (tokens), those rejected without a row to quarantine."""
         self.add(DocumentCounts(documents_in, kept, dict(rejected or {})))
@@ -271,8 +273,12 @@ class StageWriter:
         """One source's outputs; its counts join the report when the block ends."""
         kept = None
         if self.documents:
-            kept = PartWriter(self.repo, self.branch, layout.source_folder(self.documents, name), self.rows_per_part)
-        quarantine = PartWriter(self.repo, self.branch, layout.quarantine_folder(self.stage, name), self.rows_per_part)
+            kept = PartWriter(
+                self.repo, self.branch, layout.source_folder(self.documents, name), self.rows_per_part
+            )
+        quarantine = PartWriter(
+            self.repo, self.branch, layout.quarantine_folder(self.stage, name), self.rows_per_part
+        )
         out = SourceOutput(name, kept, quarantine, self.sample)
         yield out
         out._close()
@@ -284,7 +290,9 @@ class StageWriter:
             "rejected": dict(out.rejected),
             **out.facts,
         }
-        log.info("%s %s: %d in, %d kept, rejected %s", self.stage, name, out.documents_in, out.kept, out.rejected)
+        log.info(
+            "%s %s: %d in, %d kept, rejected %s", self.stage, name, out.documents_in, out.kept, out.rejected
+        )
 
     def gate(self, input_commit: str, checks: list[GateCheck], coverage: Coverage) -> GateOutcome:
         """Run the stage's expectation suites (raises ExpectationsFailed, nothing committed)."""
@@ -311,7 +319,9 @@ class StageWriter:
         stats = [
             row
             for source, counts in self.report.per_source.items()
-            for row in stats_rows(source, counts["documents_in"], counts["kept"], dict(failed[source]), rate_range)
+            for row in stats_rows(
+                source, counts["documents_in"], counts["kept"], dict(failed[source]), rate_range
+            )
         ]
         checks = [
             GateCheck(suite, self.sample.table(schema), parameters, ["locator"]),
@@ -353,7 +363,10 @@ def commit_stage(
     """Write ``reports/<stage>.json`` and commit the stage; returns the commit id."""
     report.check_balance(f"stage {report.stage}")
     put_json(repo, branch, layout.report_path(report.stage), report.to_dict())
-    meta = stage_metadata(report.stage, stage_config_hash, input_commit, flow_run_id, report) | report.commit_metadata
+    meta = (
+        stage_metadata(report.stage, stage_config_hash, input_commit, flow_run_id, report)
+        | report.commit_metadata
+    )
     # allow_empty: a retried stage may rewrite byte-identical outputs, and every stage still
     # ends in its own commit (the next stage's input, and the stage's cache entry)
     return repo.commit(branch, commit_message(report), meta, allow_empty=True).id

@@ -65,7 +65,12 @@ def stage_table(report: dict[str, Any]) -> list[dict[str, Any]]:
     total = {"documents_in": report["documents_in"], "kept": report["kept"], "rejected": report["rejected"]}
     total = total if reads_documents else {}
     rows.append(
-        {"source": "(all)", **_cells(total), "tokens": report["tokens"], "seconds": round(report["seconds"], 2)}
+        {
+            "source": "(all)",
+            **_cells(total),
+            "tokens": report["tokens"],
+            "seconds": round(report["seconds"], 2),
+        }
     )
     return rows
 
@@ -76,7 +81,9 @@ def stage_name(run: StageFunction) -> str:
 
 
 def _reasons(rejected: dict[str, int]) -> str:
-    return ", ".join(f"{reason}: {n}" for reason, n in sorted(rejected.items(), key=lambda kv: -kv[1])) or "none"
+    return (
+        ", ".join(f"{reason}: {n}" for reason, n in sorted(rejected.items(), key=lambda kv: -kv[1])) or "none"
+    )
 
 
 def stage_lines(report: dict[str, Any]) -> list[str]:

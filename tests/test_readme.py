@@ -60,7 +60,10 @@ def as_run(command: str) -> str:
 def test_the_readme_shows_commands():
     commands = readme_commands()
     assert any(c.startswith("./dev run") for c in commands) and any("tokenlake serve" in c for c in commands)
-    assert as_run("PREFECT_API_URL=http://x/api tokenlake serve") == "PREFECT_API_URL=http://x/api tokenlake serve --help"
+    assert (
+        as_run("PREFECT_API_URL=http://x/api tokenlake serve")
+        == "PREFECT_API_URL=http://x/api tokenlake serve --help"
+    )
     assert as_run("tokenlake datasets") == "tokenlake datasets"
 
 
@@ -108,4 +111,6 @@ def test_every_option_in_the_command_table_exists():
             if re.fullmatch(r"[a-z][a-z0-9-]+", word):
                 helps.append(_help(subcommand, word))  # a sub-subcommand (repo log, shards verify, ...)
         for option in re.findall(r"--[a-z][a-z-]*", cell):
-            assert any(option in text for text in helps), f"`{cell}`: {option} is not an option of tokenlake {subcommand}"
+            assert any(option in text for text in helps), (
+                f"`{cell}`: {option} is not an option of tokenlake {subcommand}"
+            )

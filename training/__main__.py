@@ -27,7 +27,9 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--micro-batch", type=int)
     parser.add_argument("--resume", choices=["auto", "never", "allow-data-change"])
     parser.add_argument(
-        "--allow-reverted", action="store_true", help="train on data a rollback reverted (recorded in lineage)"
+        "--allow-reverted",
+        action="store_true",
+        help="train on data a rollback reverted (recorded in lineage)",
     )
     parser.add_argument("--flow-run-id")
     parser.add_argument(

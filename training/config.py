@@ -102,7 +102,9 @@ class DataConfig(_Frozen):
     fetch_ahead_steps: int = Field(default=8, ge=1, description="shards are fetched this many steps ahead")
     fetch_workers: int = Field(default=4, ge=1, description="concurrent shard downloads per loader")
     fetch_timeout_s: float = Field(
-        default=1800.0, gt=0, description="stop when a shard cannot be fetched for this long (repository down)"
+        default=1800.0,
+        gt=0,
+        description="stop when a shard cannot be fetched for this long (repository down)",
     )
     loader_timeout_s: float = Field(
         default=30.0, gt=0, description="a loader process silent this long is replaced by its shadow"
@@ -183,7 +185,8 @@ class FaultConfig(_Frozen):
         default=False, description="the lineage writer finds the repository unreachable: records stay queued"
     )
     kill_loader_at_batches: tuple[int, ...] = Field(
-        default=(), description="SIGKILL the active loader process as the N-th batch is handed out (warm shadow)"
+        default=(),
+        description="SIGKILL the active loader process as the N-th batch is handed out (warm shadow)",
     )
     stop_loader_at_batches: tuple[int, ...] = Field(
         default=(), description="SIGSTOP the active loader process (it stops answering) at the N-th batch"

@@ -145,7 +145,12 @@ class Loader:
                 if self.pin_memory:
                     tokens = tokens.pin_memory()
                 item = Batch(
-                    assembled.start, assembled.end, assembled.positions, tokens, assembled.source[0], assembled.index[0]
+                    assembled.start,
+                    assembled.end,
+                    assembled.positions,
+                    tokens,
+                    assembled.source[0],
+                    assembled.index[0],
                 )
                 while not self._stop.is_set():
                     try:
@@ -283,4 +288,3 @@ def describe_samples(dataset: TokenDataset, batch: Batch) -> dict:
             f"{names[s]}/{k}" for s, k in zip(batch.source.tolist(), batch.index.tolist(), strict=True)
         ],
     }
-

@@ -71,7 +71,9 @@ class LineageWriter:
             tmp.unlink(missing_ok=True)  # the queue only ever holds whole records
             if is_disk_full(exc):
                 raise DiskFull(
-                    disk_full_message(f"the lineage record {repo_path} to", self.queue_dir, len(body.encode()))
+                    disk_full_message(
+                        f"the lineage record {repo_path} to", self.queue_dir, len(body.encode())
+                    )
                 ) from None
             raise
         self._wake.set()
@@ -109,7 +111,9 @@ class LineageWriter:
             except (RepoError, OSError) as exc:
                 self._repo = None  # reconnect next time
                 if not self._failing:
-                    trouble = "repository out of space" if isinstance(exc, DiskFull) else "repository unreachable"
+                    trouble = (
+                        "repository out of space" if isinstance(exc, DiskFull) else "repository unreachable"
+                    )
                     self._warn(f"lineage: {trouble}, {len(queued)} record(s) queued ({exc})")
                 self._failing = True
                 return False

@@ -64,7 +64,9 @@ _MAX_FAILURES_WITHOUT_PROGRESS = 3
 class LoaderSupervisor:
     """Keeps one active loader process and one warm shadow running for this node."""
 
-    def __init__(self, spec: LoaderSpec, ring: Ring, timeout_s: float, status_path: Path, warn: Callable[[str], None]):
+    def __init__(
+        self, spec: LoaderSpec, ring: Ring, timeout_s: float, status_path: Path, warn: Callable[[str], None]
+    ):
         self.spec = spec
         self.ring = ring
         self.timeout_s = timeout_s
@@ -120,7 +122,11 @@ class LoaderSupervisor:
                     active, _ = self._procs[self.active_id]
                     status = active.poll()
                     if status is not None:
-                        how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+                        how = (
+                            f"was killed by signal {-status}"
+                            if status < 0
+                            else f"exited with status {status}"
+                        )
                         self._take_over(f"the active loader (pid {active.pid}) {how}")
                     elif (silent := self._unresponsive_for(self.active_id)) is not None:
                         self._take_over(
@@ -262,7 +268,9 @@ class ProcessLoader:
         self._version = 0
         self._dirty = True  # the config and this rank's entry are written at the next batch
         self._handed_out = 0
-        self._faults = {n: signal.SIGKILL for n in kill_at_batches} | {n: signal.SIGSTOP for n in stop_at_batches}
+        self._faults = {n: signal.SIGKILL for n in kill_at_batches} | {
+            n: signal.SIGSTOP for n in stop_at_batches
+        }
         self._pinned = device.type == "cuda" and _register_pinned(ring)
         self._in_flight: torch.cuda.Event | None = None  # the last copy from the ring to the device
         self._closed = False

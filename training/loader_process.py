@@ -45,9 +45,14 @@ class LoaderProcess:
         files = CommitFiles(stored["manifest"].encode(), stored["mix"].encode(), stored["tokenizer_sha256"])
         _, manifest, plan = bind(files, spec.repo, spec.commit)
         cache = ShardCache(
-            Path(spec.cache_dir), warn=self.say, max_bytes=spec.cache_max_bytes, protect_steps=spec.cache_protect_steps
+            Path(spec.cache_dir),
+            warn=self.say,
+            max_bytes=spec.cache_max_bytes,
+            protect_steps=spec.cache_protect_steps,
         )
-        self.dataset = TokenDataset(manifest, plan, spec.heldout_fraction, lambda shard: self.stream.array(shard))
+        self.dataset = TokenDataset(
+            manifest, plan, spec.heldout_fraction, lambda shard: self.stream.array(shard)
+        )
         self.stream = ShardStream(
             cache,
             lambda: open_repo(spec.repo, create=False),

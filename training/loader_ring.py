@@ -130,7 +130,9 @@ class Ring:
 
     def __init__(self, path: Path, layout: RingLayout, create: bool = False):
         if layout.local_ranks > MAX_LOCAL_RANKS:
-            raise ValueError(f"at most {MAX_LOCAL_RANKS} ranks per node share a loader, not {layout.local_ranks}")
+            raise ValueError(
+                f"at most {MAX_LOCAL_RANKS} ranks per node share a loader, not {layout.local_ranks}"
+            )
         self.path = Path(path)
         self.layout = layout
         size = layout.total_words * 8

@@ -94,7 +94,9 @@ class RollbackRecord:
         """The commits this rollback added to main (none for a hard reset)."""
         if self.method == HARD_RESET:
             return frozenset()
-        return frozenset({self.main, *self.revert_commits, *([self.restore_commit] if self.restore_commit else [])})
+        return frozenset(
+            {self.main, *self.revert_commits, *([self.restore_commit] if self.restore_commit else [])}
+        )
 
     @property
     def restored_to(self) -> str:
@@ -190,7 +192,10 @@ class RecordedRollbacks:
         """Every rollback: the records on ``runs`` and the rollback tags of main that have none.
 
         ``recorded``: the records, when the caller has already read them from ``runs``."""
-        records = {r.tag: r for r in map(RollbackRecord.from_dict, read_records(repo) if recorded is None else recorded)}
+        records = {
+            r.tag: r
+            for r in map(RollbackRecord.from_dict, read_records(repo) if recorded is None else recorded)
+        }
         rollbacks = cls(repo, records.values(), repo.list_tags())
         unrecorded = [
             found
@@ -364,7 +369,9 @@ def read_records(repo: DataRepo) -> list[dict[str, Any]]:
         head = repo.resolve(LINEAGE_BRANCH)
     except NotFound:
         return []
-    paths = [s.path for s in repo.list(head, f"{layout.ROLLBACK_RECORDS}/") if layout.ROLLBACK_RECORD.match(s.path)]
+    paths = [
+        s.path for s in repo.list(head, f"{layout.ROLLBACK_RECORDS}/") if layout.ROLLBACK_RECORD.match(s.path)
+    ]
     return [json.loads(repo.get(head, path)) for path in paths]
 
 

@@ -138,7 +138,9 @@ class TokenDataset:
             self.entries += shards
             starts = np.cumsum([0] + [e.sequences for e in shards]).astype(np.int64)
             if starts[-1] != count:
-                raise DataError(f"mix.json counts {count} sequences of {name!r}, its shards hold {starts[-1]}")
+                raise DataError(
+                    f"mix.json counts {count} sequences of {name!r}, its shards hold {starts[-1]}"
+                )
             self._starts.append(starts)
         self.train_sequences = train_sequence_counts(plan, heldout_fraction)
         self._kept: dict[tuple[int, int], np.ndarray] = {}
@@ -193,7 +195,9 @@ class TokenDataset:
         return np.asarray([p[0] for p in pairs], np.int64), np.asarray([p[1] for p in pairs], np.int64)
 
 
-def batch_positions(dataset, cursor: int, count: int, skipped: list[tuple[int, int]]) -> tuple[np.ndarray, int]:
+def batch_positions(
+    dataset, cursor: int, count: int, skipped: list[tuple[int, int]]
+) -> tuple[np.ndarray, int]:
     """The next ``count`` training positions at or after ``cursor``, and the cursor after them.
 
     ``dataset`` needs ``plan`` and ``train_sequences`` (a :class:`TokenDataset`, or the

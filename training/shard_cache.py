@@ -156,7 +156,9 @@ class ShardCache:
                 finally:
                     reservation.unlink(missing_ok=True)
                 if attempt == 1:
-                    self._warn(f"{entry.name} at {commit[:12]} arrived with sha256 {actual[:12]}; fetching again")
+                    self._warn(
+                        f"{entry.name} at {commit[:12]} arrived with sha256 {actual[:12]}; fetching again"
+                    )
         raise DataError(
             f"shard {entry.name} at commit {commit} has sha256 {actual} but shards/manifest.json says "
             f"{entry.sha256} (fetched twice): the commit is inconsistent; re-run the shard stage or pick "
@@ -210,7 +212,9 @@ class ShardCache:
                 if used + need > self.max_bytes:
                     if distance > self.protect_steps:
                         return None
-                    stats["over_cap_bytes"] = max(stats.get("over_cap_bytes", 0), used + need - self.max_bytes)
+                    stats["over_cap_bytes"] = max(
+                        stats.get("over_cap_bytes", 0), used + need - self.max_bytes
+                    )
                     if not self._over_cap_warned:
                         self._over_cap_warned = True
                         self._warn(
@@ -218,8 +222,10 @@ class ShardCache:
                             f"{self.protect_steps + 1} steps, over its cap of {self.max_bytes}: raise "
                             "data.cache_max_bytes or lower data.cache_protect_steps"
                         )
-            reservation = self.root / ".tmp" / (
-                f"{entry.sha256}_{need}_{_HOST}_{os.getpid()}_{threading.get_ident()}.part"
+            reservation = (
+                self.root
+                / ".tmp"
+                / (f"{entry.sha256}_{need}_{_HOST}_{os.getpid()}_{threading.get_ident()}.part")
             )
             reservation.touch()
             stats["peak_bytes"] = max(stats.get("peak_bytes", 0), used + need)

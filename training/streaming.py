@@ -67,7 +67,8 @@ class ShardStream:
         self._closed = False
         self.reason = ""  # why the stream is behind, when it is (for the data-wait warning)
         self._threads = [
-            threading.Thread(target=self._fetch_loop, name=f"shard-fetch-{i}", daemon=True) for i in range(workers)
+            threading.Thread(target=self._fetch_loop, name=f"shard-fetch-{i}", daemon=True)
+            for i in range(workers)
         ]
         for thread in self._threads:
             thread.start()
@@ -137,7 +138,10 @@ class ShardStream:
         waiting = [
             (d, s)
             for s, d in self._wanted.items()
-            if s not in self._local and s not in self._inflight and s not in self._deferred and s not in self._errors
+            if s not in self._local
+            and s not in self._inflight
+            and s not in self._deferred
+            and s not in self._errors
         ]
         return min(waiting) if waiting else None
 
@@ -194,7 +198,9 @@ class ShardStream:
             except RepoError as exc:
                 return DataError(f"shard {entry.name} cannot be read at commit {self.commit}: {exc}")
             except OSError as exc:
-                return DataError(f"shard {entry.name} cannot be written to the shard cache {self.cache.root}: {exc}")
+                return DataError(
+                    f"shard {entry.name} cannot be written to the shard cache {self.cache.root}: {exc}"
+                )
             if failing_since is not None:
                 self._warn(f"fetched {entry.name} after {time.monotonic() - failing_since:.1f} s of failures")
                 self.reason = ""
@@ -255,7 +261,9 @@ class BatchPlanner:
         self._ahead.clear()
 
     def _plan(self) -> None:
-        while len(self._ahead) <= self.lookahead and not (self._ahead and isinstance(self._ahead[-1], DataError)):
+        while len(self._ahead) <= self.lookahead and not (
+            self._ahead and isinstance(self._ahead[-1], DataError)
+        ):
             try:
                 positions, end = batch_positions(self.dataset, self._scan, self.global_batch, self.skipped)
             except DataError as exc:  # raised only if training gets that far
@@ -297,4 +305,6 @@ class BatchPlanner:
         rows = [self.dataset.rows(s, i) for s, i in zip(planned.source, planned.index, strict=True)]
         self._ahead.popleft()
         self.cursor = planned.end
-        return AssembledBatch(planned.start, planned.end, planned.positions, planned.source, planned.index, rows)
+        return AssembledBatch(
+            planned.start, planned.end, planned.positions, planned.source, planned.index, rows
+        )

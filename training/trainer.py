@@ -135,7 +135,9 @@ class Trainer:
             self._build_loader()
             self._build_evaluation()
             self._build_checkpointing()
-        except BaseException:  # loader processes, fetch threads and the run lock must not outlive a failed start
+        except (
+            BaseException
+        ):  # loader processes, fetch threads and the run lock must not outlive a failed start
             self._close_failed_start()
             raise
         self.metrics: MetricsLog | None = None
@@ -166,7 +168,10 @@ class Trainer:
             raise RevertedDataRefused(refusal)
         data = self.cfg.data
         self.cache = ShardCache(
-            self.cfg.cache_dir(), warn=self.say, max_bytes=data.cache_max_bytes, protect_steps=data.cache_protect_steps
+            self.cfg.cache_dir(),
+            warn=self.say,
+            max_bytes=data.cache_max_bytes,
+            protect_steps=data.cache_protect_steps,
         )
         self.data = open_streaming(
             repo,
@@ -734,7 +739,9 @@ class Trainer:
         self.loader.close()
         self.data.stream.close()
         if self.metrics:
-            self.metrics.write({"kind": "data", **self.loader.report(), "cache": self.cache.stats(), "time": time.time()})
+            self.metrics.write(
+                {"kind": "data", **self.loader.report(), "cache": self.cache.stats(), "time": time.time()}
+            )
         if self.samples_log:
             self.samples_log.close()
             self.samples_log = None

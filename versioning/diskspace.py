@@ -60,7 +60,11 @@ def disk_full_message(what: str, path: Path | str, needed: int | None, written: 
     ``needed`` is the size of the whole write when known; otherwise the message says it needs
     more than the ``written`` bytes that fitted."""
     free = free_bytes(path)
-    need = f"it needs {human(needed)}" if needed is not None else f"it needs more than the {human(written)} written"
+    need = (
+        f"it needs {human(needed)}"
+        if needed is not None
+        else f"it needs more than the {human(written)} written"
+    )
     room = f"{human(free)} free on that file system" if free is not None else "the free space is unknown"
     limit = file_size_limit()
     capped = f", and files are limited to {human(limit)} (ulimit -f)" if limit is not None else ""

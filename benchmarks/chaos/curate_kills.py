@@ -141,7 +141,11 @@ def reference(config: Path, env: dict[str, str], work: Path) -> Reference:
     home = work / "reference"
     env = {**env, "TOKENLAKE_HOME": str(home)}
     started = time.monotonic()
-    out = tokenlake(["--repo", str(repo_dir(home)), "curate", "--config", str(config), "--json"], env, work / "reference.log")
+    out = tokenlake(
+        ["--repo", str(repo_dir(home)), "curate", "--config", str(config), "--json"],
+        env,
+        work / "reference.log",
+    )
     seconds = time.monotonic() - started
     if out.returncode != 0:
         raise SystemExit(f"the reference run failed; see {work / 'reference.log'}")
@@ -194,7 +198,16 @@ def run_trial(trial: Trial, config: Path, env: dict[str, str], work: Path, ref: 
     log = home / "run.log"
     home.mkdir(parents=True)
     watcher = MainWatcher(repo_dir(home))
-    command = [sys.executable, "-m", "flows.cli", "--repo", str(repo_dir(home)), "curate", "--config", str(config)]
+    command = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "--repo",
+        str(repo_dir(home)),
+        "curate",
+        "--config",
+        str(config),
+    ]
     with log.open("ab") as f:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=f, stderr=f, start_new_session=True)
     started = time.monotonic()
@@ -246,7 +259,9 @@ def run_trial(trial: Trial, config: Path, env: dict[str, str], work: Path, ref: 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--code-mb", type=float, default=0.4)
     parser.add_argument("--prose-mb", type=float, default=0.3)

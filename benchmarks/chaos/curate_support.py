@@ -25,14 +25,19 @@ from versioning import DataRepo, NotFound
 
 STAGE_OUTPUTS = ("raw/", "filtered/", "dedup/")
 VOLATILE = ("reports/",)
-SETUP_PREFIXES = ("_lakefs_actions/", "_tokenlake/")  # the publish guard, installed on main before any publish  # stage reports hold timings, flow-run ids and Data Docs pages
+SETUP_PREFIXES = (
+    "_lakefs_actions/",
+    "_tokenlake/",
+)  # the publish guard, installed on main before any publish  # stage reports hold timings, flow-run ids and Data Docs pages
 
 
 def write_demo_config(work: Path, code_mb: float, prose_mb: float) -> Path:
     """Small demo sources (the stdlib as code, package metadata and licenses as prose) and a
     curate TOML over them with a small vocabulary."""
     budget = DemoBudget(
-        code_bytes=int(code_mb * MB), prose_bytes=int(prose_mb * MB * 2 / 3), license_bytes=int(prose_mb * MB / 3)
+        code_bytes=int(code_mb * MB),
+        prose_bytes=int(prose_mb * MB * 2 / 3),
+        license_bytes=int(prose_mb * MB / 3),
     )
     sources = demo_sources(work / "sources", budget)
     lines = []
@@ -105,7 +110,9 @@ def prefect_server(home: Path) -> Iterator[dict[str, str]]:
         log.close()
 
 
-def tokenlake(args: list[str], env: dict[str, str], log: Path, timeout: float = 1800) -> subprocess.CompletedProcess:
+def tokenlake(
+    args: list[str], env: dict[str, str], log: Path, timeout: float = 1800
+) -> subprocess.CompletedProcess:
     with log.open("ab") as f:
         f.write(f"\n$ tokenlake {' '.join(args)}\n".encode())
         f.flush()
@@ -172,7 +179,9 @@ def duplicated_documents(repo: DataRepo, ref: str) -> list[str]:
             problems.append(f"{prefix} holds {len(found) - len(set(found))} document(s) twice")
     ingested = ids(repo, ref, "raw/") + ids(repo, ref, "quarantine/ingest/")
     if len(ingested) != len(set(ingested)):
-        problems.append(f"raw/ + quarantine/ingest/ hold {len(ingested) - len(set(ingested))} document(s) twice")
+        problems.append(
+            f"raw/ + quarantine/ingest/ hold {len(ingested) - len(set(ingested))} document(s) twice"
+        )
     return problems
 
 

@@ -30,7 +30,9 @@ _STATS_COUNTS = re.compile(r"(\d+) passing, (\d+) failing, and (\d+) invalid")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--examples", type=int, default=5000, help="random examples per property")
     args = parser.parse_args()
     machine_at_start = machine()

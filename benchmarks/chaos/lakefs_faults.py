@@ -96,7 +96,9 @@ def task_attempts(flow_run_id: Any) -> dict[str, int]:
     with get_client(sync_client=True) as client:
         deadline = time.monotonic() + 60
         while True:
-            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
             if (runs and all(r.state and r.state.is_final() for r in runs)) or time.monotonic() > deadline:
                 counts: Counter[str] = Counter()
                 for r in runs:
@@ -165,7 +167,9 @@ def run_case(name: str, rate: float, outage_s: float, retries: int, config: Path
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rates", default="0,0.05,0.2,0.5")
     parser.add_argument("--outage-s", type=float, default=30.0)
     parser.add_argument("--code-mb", type=float, default=0.4)

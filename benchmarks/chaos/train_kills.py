@@ -161,7 +161,11 @@ def watch_saves(run_dir: Path, stop: threading.Event, lifetimes: list[float]) ->
     directory = run_dir / "checkpoints"
     while not stop.is_set():
         now = time.monotonic()
-        names = {e.name for e in os.scandir(directory) if _TMP_SAVE.match(e.name)} if directory.is_dir() else set()
+        names = (
+            {e.name for e in os.scandir(directory) if _TMP_SAVE.match(e.name)}
+            if directory.is_dir()
+            else set()
+        )
         for name in names - seen.keys():
             seen[name] = now
         for name in [n for n in seen if n not in names]:
@@ -247,7 +251,9 @@ def compare(run_dir: Path, reference: dict[str, Any], steps: int) -> list[str]:
 
 
 def lineage_recorded(repo: LocalRepo, run: str, step: int) -> bool:
-    return LINEAGE_BRANCH in repo.list_branches() and repo.exists(LINEAGE_BRANCH, checkpoint_record_path(run, step))
+    return LINEAGE_BRANCH in repo.list_branches() and repo.exists(
+        LINEAGE_BRANCH, checkpoint_record_path(run, step)
+    )
 
 
 # ---- the campaign ---------------------------------------------------------------------------
@@ -271,7 +277,9 @@ class Trial:
     name: str
     kills: list[Kill] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    resumes: list[int | None] = field(default_factory=list)  # per launch: the step it resumed at (None: died first)
+    resumes: list[int | None] = field(
+        default_factory=list
+    )  # per launch: the step it resumed at (None: died first)
     hang: bool = False
 
     @property
@@ -346,7 +354,11 @@ class Campaign:
             # startup time swings with the machine's load: aim within the recent launches' startups
             recent = sorted(self.startups[-9:]) or [t.startup_s]
             delay = self.rng.uniform(0, recent[len(recent) // 2])
-            return "" if wait_until(launch, lambda: time.monotonic() - launch.started >= delay) else "job ended first"
+            return (
+                ""
+                if wait_until(launch, lambda: time.monotonic() - launch.started >= delay)
+                else "job ended first"
+            )
         if phase == "step":
             target = self.rng.randint((durable or 0) + 1, steps - 1)
             if not wait_until(launch, lambda: any(s >= target for s in launch.train_steps())):
@@ -358,7 +370,9 @@ class Campaign:
         done = launch.run_dir / "checkpoints" / step_dir_name(target) / "COMPLETE"
         # a save of ``target`` in flight; a complete one that was not there at launch means it was missed
         existed = done.exists()
-        hit = wait_until(launch, lambda: target in launch.saves_in_flight() or (not existed and done.exists()))
+        hit = wait_until(
+            launch, lambda: target in launch.saves_in_flight() or (not existed and done.exists())
+        )
         if not hit:
             return "job ended first"
         if target not in launch.saves_in_flight():
@@ -436,7 +450,9 @@ class Campaign:
             trial.problems.append(f"the final launch did not end within {LAUNCH_TIMEOUT_S:.0f} s")
             return
         if rc != 0:
-            trial.problems.append(f"the final launch failed with status {rc} (see {self.logs / config.run}.log)")
+            trial.problems.append(
+                f"the final launch failed with status {rc} (see {self.logs / config.run}.log)"
+            )
             return
         trial.resumes.append(resume_step(launch))
         # launch i+1 must resume where kill i left the newest durable checkpoint (unless it died first)
@@ -477,15 +493,23 @@ class Campaign:
 
     def report_progress(self, trial: Trial) -> None:
         where = ", ".join(f"{k.aimed_at}->{k.landed_in}@{k.durable_step}" for k in trial.kills)
-        verdict = "exact" if trial.exact else "NOT EXACT: " + "; ".join(trial.problems) + (" (hang)" if trial.hang else "")
+        verdict = (
+            "exact"
+            if trial.exact
+            else "NOT EXACT: " + "; ".join(trial.problems) + (" (hang)" if trial.hang else "")
+        )
         print(f"{trial.name}: {len(trial.kills)} kill(s) [{where}] {verdict}", flush=True)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kills", type=int, default=100, help="SIGKILLs of the whole job")
     parser.add_argument("--worker-kills", type=int, default=10, help="SIGKILLs of one worker")
-    parser.add_argument("--kills-per-trial", type=int, default=5, help="kills of one run before it may finish")
+    parser.add_argument(
+        "--kills-per-trial", type=int, default=5, help="kills of one run before it may finish"
+    )
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--every", type=int, default=4, help="checkpoint every N steps")
     parser.add_argument("--seed", type=int, default=0)

@@ -27,10 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run the curate flow on the sources of a TOML config (see examples/curate.toml); "
         "publishes a tagged dataset version on main when every gate passes.",
     )
-    curate.add_argument("--config", required=True, type=Path, metavar="FILE", help="TOML file of CurateParams")
+    curate.add_argument(
+        "--config", required=True, type=Path, metavar="FILE", help="TOML file of CurateParams"
+    )
     curate.add_argument("--json", action="store_true", help="print the result as JSON")
     curate.add_argument(
-        "--runner", metavar="local|dask[:ADDRESS]",
+        "--runner",
+        metavar="local|dask[:ADDRESS]",
         help="where partitions run: local, dask (a LocalCluster), dask:tcp://host:8786 (an existing scheduler)",
     )
     curate.add_argument("--workers", type=int, metavar="N", help="local processes, or LocalCluster workers")
@@ -41,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     datasets.set_defaults(handler=run_datasets)
 
     janitor = subparsers.add_parser(
-        "janitor", help="remove run branches left by killed curate runs",
+        "janitor",
+        help="remove run branches left by killed curate runs",
         description="Remove curate-* branches whose flow run is dead and ended at least MAX_AGE ago "
         "(never a live run's), and a publish lock held by a dead process.",
     )
@@ -51,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     janitor.set_defaults(handler=run_janitor)
 
     serve = subparsers.add_parser(
-        "serve", help="register deploy/prefect.yaml's deployments and run a worker for their work pool",
+        "serve",
+        help="register deploy/prefect.yaml's deployments and run a worker for their work pool",
         description="Register every deployment of a prefect.yaml (curate nightly, janitor, train) with "
         "`prefect deploy`, creating its process work pool if missing, and run a Prefect worker for that pool "
         "in this process: runs come from their schedules or from the Prefect UI. Needs a Prefect server "
@@ -72,7 +77,9 @@ def run_curate(args: argparse.Namespace) -> int:
     if args.runner or args.workers:
         runner = params.runner.model_dump() | {"spec": args.runner or params.runner.spec}
         try:
-            params.runner = RunnerConfig.model_validate(runner | ({"workers": args.workers} if args.workers else {}))
+            params.runner = RunnerConfig.model_validate(
+                runner | ({"workers": args.workers} if args.workers else {})
+            )
         except ValidationError as exc:
             raise ValueError(f"--runner/--workers: {one_sentence(exc)}") from None
     curate_and_report(params, as_json=args.json)
@@ -185,7 +192,9 @@ def repository_state(spec: str, main_before: str | None, branch: str | None) -> 
     return f"{said} and the run branch {branch} was removed."
 
 
-def print_version(version: Any, rows: list[dict[str, Any]], as_json: bool, extra: dict[str, Any] | None = None) -> None:
+def print_version(
+    version: Any, rows: list[dict[str, Any]], as_json: bool, extra: dict[str, Any] | None = None
+) -> None:
     if as_json:
         print(json.dumps({**asdict(version), "stages": rows, **(extra or {})}, indent=2))
     else:
@@ -193,7 +202,16 @@ def print_version(version: Any, rows: list[dict[str, Any]], as_json: bool, extra
         print(f"\n{version}")
 
 
-CONSOLE_COLUMNS = ("stage", "documents in", "kept", "quarantined", "quarantined by reason", "produced", "seconds", "ran")
+CONSOLE_COLUMNS = (
+    "stage",
+    "documents in",
+    "kept",
+    "quarantined",
+    "quarantined by reason",
+    "produced",
+    "seconds",
+    "ran",
+)
 
 
 def _compact(row: dict[str, Any]) -> dict[str, Any]:
@@ -245,12 +263,17 @@ def run_datasets(args: argparse.Namespace) -> int:
         sources = sorted(set(v.documents) | set(v.tokens)) or ["none"]
         for i, source in enumerate(sources):
             first = i == 0
-            rows.append({
-                "tag": v.tag if first else "", "commit": v.commit_id[:12] if first else "",
-                "date": v.created if first else "", "source": source,
-                "documents": v.documents.get(source, ""), "in shards": v.documents_in_shards.get(source, ""),
-                "tokens in shards": v.tokens.get(source, ""),
-            })
+            rows.append(
+                {
+                    "tag": v.tag if first else "",
+                    "commit": v.commit_id[:12] if first else "",
+                    "date": v.created if first else "",
+                    "source": source,
+                    "documents": v.documents.get(source, ""),
+                    "in shards": v.documents_in_shards.get(source, ""),
+                    "tokens in shards": v.tokens.get(source, ""),
+                }
+            )
     print(format_table(rows))
     print("documents: after dedup; in shards: documents that end in a stored sequence (as `shards verify` "
           "counts them: a source's tokens after its last whole sequence are not stored)")  # fmt: skip
@@ -286,7 +309,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     columns = list(rows[0])
     cells = [[str(c) for c in columns]] + [[_cell(row.get(c, "")) for c in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in cells]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -33,8 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(position, source, shard, sequence) that step read. From a tag, commit or branch: every checkpoint "
         "of every run trained on that commit, with step, metrics and taint marks.",
     )
-    lineage.add_argument("ref", metavar="REF", help="RUN@STEP, a checkpoint directory, a tag, a commit id or a branch")
-    lineage.add_argument("--step", type=whole_number(0), metavar="N", help="list the samples training step N read")
+    lineage.add_argument(
+        "ref", metavar="REF", help="RUN@STEP, a checkpoint directory, a tag, a commit id or a branch"
+    )
+    lineage.add_argument(
+        "--step", type=whole_number(0), metavar="N", help="list the samples training step N read"
+    )
     lineage.add_argument("--json", action="store_true", help="print JSON")
     lineage.set_defaults(handler=run_lineage)
 
@@ -45,10 +49,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "mark every checkpoint trained on data no longer on main as tainted (never deleted), and with "
         "--resume continue each such run from its newest untainted checkpoint on the restored main.",
     )
-    rollback.add_argument("--to", required=True, metavar="REF", help="a ds-* tag or commit id on main's history")
-    rollback.add_argument("--hard", action="store_true", help="move main to REF instead (later history leaves main)")
+    rollback.add_argument(
+        "--to", required=True, metavar="REF", help="a ds-* tag or commit id on main's history"
+    )
+    rollback.add_argument(
+        "--hard", action="store_true", help="move main to REF instead (later history leaves main)"
+    )
     rollback.add_argument("--resume", action="store_true", help="resume tainted runs on the restored main")
-    rollback.add_argument("--resume-steps", type=whole_number(1), metavar="N", help="steps the resumed runs train to")
+    rollback.add_argument(
+        "--resume-steps", type=whole_number(1), metavar="N", help="steps the resumed runs train to"
+    )
     rollback.add_argument("--json", action="store_true", help="print the report as JSON")
     rollback.set_defaults(handler=run_rollback)
 
@@ -77,7 +87,11 @@ def _checkpoint_lineage(repo: Any, args: argparse.Namespace) -> int:
     found = checkpoint_lineage(repo, args.ref)
     positions = step_positions(repo, found.checkpoint, args.step) if args.step is not None else None
     if args.json:
-        body = {"checkpoint": found.checkpoint.summary(), "data": asdict(found.data), "events": list(found.events)}
+        body = {
+            "checkpoint": found.checkpoint.summary(),
+            "data": asdict(found.data),
+            "events": list(found.events),
+        }
         if positions is not None:
             body["step"] = {"step": args.step, "samples": [asdict(p) for p in positions]}
         print(json.dumps(body, indent=2, default=str))
@@ -105,7 +119,11 @@ def _checkpoint_lineage(repo: Any, args: argparse.Namespace) -> int:
         print(format_table([{k: _cell(v) for k, v in source.items()} for source in data.sources]))
     if found.events:
         print()
-        print(format_table([{"event": e["kind"], "step": e["step"], "detail": _event_detail(e)} for e in found.events]))
+        print(
+            format_table(
+                [{"event": e["kind"], "step": e["step"], "detail": _event_detail(e)} for e in found.events]
+            )
+        )
     if positions is not None:
         print(f"\nstep {args.step} read {len(positions)} samples:")
         print(format_table([asdict(p) for p in positions]))
@@ -158,7 +176,9 @@ def run_rollback(args: argparse.Namespace) -> int:
 
     params = RollbackParams(to=args.to, hard=args.hard, resume=args.resume, resume_steps=args.resume_steps,
                             repository=args.repo or default_repo_spec())  # fmt: skip
-    plan_or_marks(open_repo(params.repository, create=False), params.to, params.hard)  # refuses before Prefect starts
+    plan_or_marks(
+        open_repo(params.repository, create=False), params.to, params.hard
+    )  # refuses before Prefect starts
     report = rollback(params)
     if args.json:
         print(json.dumps(asdict(report), indent=2))
@@ -180,7 +200,9 @@ def run_rollback(args: argparse.Namespace) -> int:
     elif report.method != MARKS_ONLY:
         print("no checkpoint was trained on the data that left main")
     for run in report.resumed:
-        print(f"resumed {run.run} from {run.from_checkpoint} on {run.data_commit[:SHORT]}: reached step {run.step}")
+        print(
+            f"resumed {run.run} from {run.from_checkpoint} on {run.data_commit[:SHORT]}: reached step {run.step}"
+        )
     return 0
 
 

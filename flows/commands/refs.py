@@ -15,7 +15,9 @@ def resolve_ref(repo_spec: str | None, ref: str, flag: str) -> str:
         return repo.resolve(ref)
     except NotFound:
         tags = sorted(repo.list_tags(), reverse=True)
-        shown = ", ".join(tags[:SHOWN_TAGS]) + (f" and {len(tags) - SHOWN_TAGS} more" if len(tags) > SHOWN_TAGS else "")
+        shown = ", ".join(tags[:SHOWN_TAGS]) + (
+            f" and {len(tags) - SHOWN_TAGS} more" if len(tags) > SHOWN_TAGS else ""
+        )
         branches = ", ".join(sorted(repo.list_branches()))
         raise ValueError(
             f"{flag} {ref}: no such tag, branch or commit in the repository {repo_spec_label(repo_spec)} "

@@ -149,7 +149,9 @@ def run_install_hooks(args: argparse.Namespace) -> int:
     elif commit is None:
         print(f"{publish_guard.GUARDED_BRANCH} already holds the publish guard: {', '.join(paths)}")
     else:
-        print(f"installed the publish guard on {publish_guard.GUARDED_BRANCH} at commit {commit}: {', '.join(paths)}")
+        print(
+            f"installed the publish guard on {publish_guard.GUARDED_BRANCH} at commit {commit}: {', '.join(paths)}"
+        )
         print("merges into main now pass only when every stage gate is recorded as passed (tokenlake curate)")
     return 0
 
@@ -194,7 +196,11 @@ def _metadata_text(commit: Commit) -> str:
     meta = commit.metadata
     parts = [meta["stage"]] if meta.get("stage") else []
     # a stage that reads no documents (mix) records 0 of 0: not a count worth showing
-    if "documents_in" in meta and "kept" in meta and (meta["documents_in"], meta.get("rejected", "0")) != ("0", "0"):
+    if (
+        "documents_in" in meta
+        and "kept" in meta
+        and (meta["documents_in"], meta.get("rejected", "0")) != ("0", "0")
+    ):
         parts.append(f"kept {meta['kept']} of {meta['documents_in']}")
     if meta.get("tokens", "0") not in ("", "0"):
         parts.append(f"{meta['tokens']} tokens")

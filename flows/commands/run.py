@@ -85,7 +85,9 @@ def demo_params(repo: str | None, code_mb: float = 6.0, prose_mb: float = 4.0) -
     from versioning import data_home
 
     budget = DemoBudget(
-        code_bytes=int(code_mb * MB), prose_bytes=int(prose_mb * MB * 2 / 3), license_bytes=int(prose_mb * MB / 3)
+        code_bytes=int(code_mb * MB),
+        prose_bytes=int(prose_mb * MB * 2 / 3),
+        license_bytes=int(prose_mb * MB / 3),
     )
     return CurateParams(
         ingest=IngestConfig(sources=demo_sources(data_home() / "demo-sources", budget)),
@@ -111,7 +113,9 @@ def run_demo(args: argparse.Namespace) -> int:
         training = None
     else:
         train = TrainParams(preset="tiny", steps=args.steps, nproc=args.nproc, repo=spec)
-        result, rows = run_with_progress(params, lambda p: pipeline(PipelineParams(curate=p, train=train)), args.json)
+        result, rows = run_with_progress(
+            params, lambda p: pipeline(PipelineParams(curate=p, train=train)), args.json
+        )
         version, training = result.published, result.training
         extra = {"training": training.model_dump(mode="json")}
         print_version(version, rows, args.json, extra)
@@ -119,5 +123,9 @@ def run_demo(args: argparse.Namespace) -> int:
         if training is not None:
             print()
             print_training(training)
-        print(where_to_look(version.tag, repo_spec_label(spec), os.environ["PREFECT_HOME"], funnel_path(version.tag)))
+        print(
+            where_to_look(
+                version.tag, repo_spec_label(spec), os.environ["PREFECT_HOME"], funnel_path(version.tag)
+            )
+        )
     return 0

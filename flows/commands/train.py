@@ -55,7 +55,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--rdzv-id", default=None, help="the job's rendezvous id (default: the flow run id)")
     parser.add_argument(
-        "--max-restarts", type=whole_number(0), default=0, help="torchrun restarts of every node's workers (default: 0)"
+        "--max-restarts",
+        type=whole_number(0),
+        default=0,
+        help="torchrun restarts of every node's workers (default: 0)",
     )
     parser.add_argument("--run", default=None, help="run name (default: <preset>-<commit prefix>)")
     parser.add_argument(
@@ -67,7 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--allow-reverted", action="store_true",
         help="train on a dataset version that a rollback of main reverted (refused otherwise; recorded in lineage)",
     )  # fmt: skip
-    parser.add_argument("--retries", type=whole_number(0), default=2, help="restarts of a crashed torchrun (default: 2)")
+    parser.add_argument(
+        "--retries", type=whole_number(0), default=2, help="restarts of a crashed torchrun (default: 2)"
+    )
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="any TrainConfig field, e.g. global_batch=32 or checkpoint.every=100 (repeatable)",

@@ -34,9 +34,17 @@ def run_dedup(repo: DataRepo, branch: str, input_commit: str, config: DedupConfi
     scratch = layout.scratch_folder(STAGE)
     stage = StageWriter(repo, branch, STAGE, documents=layout.DEDUP, clear=[index_run, scratch])
     run = ShuffleRun(
-        repo, branch, input_commit, config, scratch, index_run, tuple(published_runs(repo, input_commit, config))
+        repo,
+        branch,
+        input_commit,
+        config,
+        scratch,
+        index_run,
+        tuple(published_runs(repo, input_commit, config)),
     )
-    paths = [(s, p) for s in sources for p in list_parts(repo, input_commit, layout.source_folder(INPUT_PREFIX, s))]
+    paths = [
+        (s, p) for s in sources for p in list_parts(repo, input_commit, layout.source_folder(INPUT_PREFIX, s))
+    ]
     parts = [Part(run, index, path, source) for index, (source, path) in enumerate(paths)]
     shuffle = plan_in_buckets(run, parts)
     outputs = list(partitions().map("dedup-apply", apply_step, parts, describe=lambda p: p.path))

@@ -22,7 +22,12 @@ from tasks.schema import DOCUMENT_SCHEMA, document_id, with_quarantine_reason
 STAGE = "ingest"
 BATCH_RECORDS = 512
 QUARANTINE_SCHEMA = pa.schema(
-    [*DOCUMENT_SCHEMA, pa.field("stage", pa.string()), pa.field("reason", pa.string()), pa.field("detail", pa.string())]
+    [
+        *DOCUMENT_SCHEMA,
+        pa.field("stage", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("detail", pa.string()),
+    ]
 )
 
 
@@ -97,12 +102,16 @@ def _finish_batch(
         [_meta(source, {})] * len(rejected),
         [document_id(source.name, r.locator) for r, _ in rejected],
     )
-    return kept, _with_reason_and_detail(quarantined, [r.reason for r, _ in rejected], [r.detail for r, _ in rejected])
+    return kept, _with_reason_and_detail(
+        quarantined, [r.reason for r, _ in rejected], [r.detail for r, _ in rejected]
+    )
 
 
 def _with_reason_and_detail(table: pa.Table, reasons: list[str], details: list[str]) -> pa.Table:
     """The quarantine columns: ``stage``, ``reason`` and what exactly (limit, byte offset, field)."""
-    return with_quarantine_reason(table, STAGE, reasons).append_column("detail", pa.array(details, pa.string()))
+    return with_quarantine_reason(table, STAGE, reasons).append_column(
+        "detail", pa.array(details, pa.string())
+    )
 
 
 def _refusal_detail(source: SourceConfig, config: IngestConfig, reason: str, chars: int, size: int) -> str:

@@ -62,9 +62,13 @@ def decode_document(data: bytes, binary_control_fraction: float) -> tuple[str | 
         )
     share = control_fraction(sample)
     if share > binary_control_fraction:
-        return None, "binary", (
-            f"{share:.0%} control bytes in the first {len(sample)} bytes > binary_control_fraction "
-            f"{binary_control_fraction:g}"
+        return (
+            None,
+            "binary",
+            (
+                f"{share:.0%} control bytes in the first {len(sample)} bytes > binary_control_fraction "
+                f"{binary_control_fraction:g}"
+            ),
         )
     try:
         return data.decode("utf-8"), None, ""

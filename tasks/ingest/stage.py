@@ -64,13 +64,15 @@ def run_ingest(repo: DataRepo, branch: str, input_commit: str, config: IngestCon
     sample = DocumentSample(config.gate.max_rows if config.gate.enabled else 0, GATE_COLUMNS)
     stage = StageWriter(repo, branch, STAGE, documents=layout.RAW, sample=sample)
     work = [IngestWork(repo, branch, s, p, config) for s in config.sources for p in plans[s.name]]
-    outputs = list(partitions().map(
-        "ingest-partition",
-        ingest_one,
-        work,
-        retries=config.partition_retries,
-        describe=lambda w: describe(w.partition),
-    ))
+    outputs = list(
+        partitions().map(
+            "ingest-partition",
+            ingest_one,
+            work,
+            retries=config.partition_retries,
+            describe=lambda w: describe(w.partition),
+        )
+    )
     for source in config.sources:
         with stage.source(source.name) as out:
             for output in outputs:

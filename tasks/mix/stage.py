@@ -23,7 +23,9 @@ def run_mix(repo: DataRepo, branch: str, input_commit: str, config: MixSpec) -> 
     try:
         manifest = Manifest.from_json(repo.get(input_commit, layout.MANIFEST))
     except NotFound:
-        raise ValueError(f"no {layout.MANIFEST} at commit {input_commit}; run the shard stage first") from None
+        raise ValueError(
+            f"no {layout.MANIFEST} at commit {input_commit}; run the shard stage first"
+        ) from None
     plan = resolve_mix(config, manifest.sources, manifest.seq_len)  # the pure core
     stage = StageWriter(repo, branch, STAGE)
     repo.put(branch, layout.MIX, plan.to_json().encode())
@@ -40,7 +42,9 @@ def run_mix(repo: DataRepo, branch: str, input_commit: str, config: MixSpec) -> 
         "phases": [{"start_sample": p.start, "stop_sample": p.stop} for p in plan.phases],
         "seed": plan.seed,
     }
-    report.note = f"{plan.total_samples} samples over {len(plan.source_names)} sources, mix {plan.sha256()[:12]}"
+    report.note = (
+        f"{plan.total_samples} samples over {len(plan.source_names)} sources, mix {plan.sha256()[:12]}"
+    )
     report.commit_metadata |= {"mix_sha256": plan.sha256(), "manifest_sha256": manifest.sha256()}
     return report
 

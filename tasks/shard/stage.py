@@ -142,7 +142,9 @@ def shard_one(work: ShardWork) -> PartitionOutput:
             if not is_disk_full(exc):
                 raise
             needed = spill.rows * spill.row_len * spill.dtype.itemsize  # the shards copy the spill
-            raise DiskFull(disk_full_message(f"the shards of source {source!r} to", scratch, needed)) from None
+            raise DiskFull(
+                disk_full_message(f"the shards of source {source!r} to", scratch, needed)
+            ) from None
     quarantine.close()
     # kept documents became tokens; sampled-out ones were only counted, the others quarantined
     output = PartitionOutput(outcome.documents_in, outcome.kept, dict(outcome.rejected), source=source)

@@ -24,7 +24,9 @@ def shard_task(
     """Tokenizer + shards of ``dedup/`` at ``input_commit``, committed on ``branch``."""
     in_run = TaskRunContext.get() is not None
     progress_id = (
-        create_progress_artifact(0.0, key="shard-progress", description="shard: Parquet parts packed") if in_run else None
+        create_progress_artifact(0.0, key="shard-progress", description="shard: Parquet parts packed")
+        if in_run
+        else None
     )
     reported = [0]
 
@@ -34,7 +36,9 @@ def shard_task(
             update_progress_artifact(progress_id, percent)
             reported[0] = percent
 
-    result = run_stage_task(run_shard, repo_spec, branch, input_commit, config, flow_run_id, progress=progress)
+    result = run_stage_task(
+        run_shard, repo_spec, branch, input_commit, config, flow_run_id, progress=progress
+    )
     for source, reason in result.report["extra"]["sources_without_shards"].items():
         stage_logger(__name__).warning("shard: source %s has no shards: %s", source, reason)
     return result

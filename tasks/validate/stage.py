@@ -143,7 +143,9 @@ def validate_one(work: ValidateWork) -> PartitionOutput:
         work.source,
         work.path.rsplit("/", 1)[1],
         pa.concat_tables(kept, promote_options="default") if kept else pa.table({}),
-        pa.concat_tables(quarantined, promote_options="default") if quarantined else pa.table({"reason": pa.array([], pa.string())}),
+        pa.concat_tables(quarantined, promote_options="default")
+        if quarantined
+        else pa.table({"reason": pa.array([], pa.string())}),
         work.config.gate.max_rows,
         GATE_COLUMNS,
     )
@@ -171,11 +173,15 @@ def run_validate(repo: DataRepo, branch: str, input_commit: str, config: Validat
     for name, source in sources.items():
         rule = None
         if scorer is not None:
-            rule = ClassifierRule(scorer, apply_keep=config.classifier.filter_reference or not source["reference"])
+            rule = ClassifierRule(
+                scorer, apply_keep=config.classifier.filter_reference or not source["reference"]
+            )
         for path in list_parts(repo, input_commit, layout.source_folder(layout.RAW, name)):
             work.append(ValidateWork(repo, branch, input_commit, name, source["kind"], path, config, rule))
     outputs = list(
-        partitions().map("validate-part", validate_one, work, describe=lambda w: f"{w.path} at {input_commit[:12]}")
+        partitions().map(
+            "validate-part", validate_one, work, describe=lambda w: f"{w.path} at {input_commit[:12]}"
+        )
     )
 
     failed: dict[str, dict[str, int]] = {}  # source -> rule -> documents failing it
@@ -199,7 +205,13 @@ def run_validate(repo: DataRepo, branch: str, input_commit: str, config: Validat
     with_documents = [n for n, s in sources.items() if s["kept"]]
     documents = {"sources": with_documents, "max_text_chars": config.gate.max_text_chars}
     stage.gate_documents(
-        input_commit, config.gate, "filtered_documents", GATE_SCHEMA, documents, failed, config.gate.rate_range
+        input_commit,
+        config.gate,
+        "filtered_documents",
+        GATE_SCHEMA,
+        documents,
+        failed,
+        config.gate.rate_range,
     )
     report = stage.finish()
     report.note = "classifier trained" if scorer is not None else "classifier off"

@@ -17,20 +17,90 @@ from flows.params import CurateParams
 from versioning import DataRepo
 
 _NOUNS = [
-    "river", "mountain", "engineer", "library", "window", "garden", "signal", "teacher", "market",
-    "harbor", "forest", "planet", "letter", "village", "museum", "kitchen", "bridge", "doctor", "station",
-    "island", "journey", "machine", "painter", "orchard", "valley", "pattern", "lantern", "meadow",
-    "captain", "student", "archive", "theory", "harvest", "chapter", "season", "factory", "mirror",
-    "compass", "council", "desert", "ocean",
+    "river",
+    "mountain",
+    "engineer",
+    "library",
+    "window",
+    "garden",
+    "signal",
+    "teacher",
+    "market",
+    "harbor",
+    "forest",
+    "planet",
+    "letter",
+    "village",
+    "museum",
+    "kitchen",
+    "bridge",
+    "doctor",
+    "station",
+    "island",
+    "journey",
+    "machine",
+    "painter",
+    "orchard",
+    "valley",
+    "pattern",
+    "lantern",
+    "meadow",
+    "captain",
+    "student",
+    "archive",
+    "theory",
+    "harvest",
+    "chapter",
+    "season",
+    "factory",
+    "mirror",
+    "compass",
+    "council",
+    "desert",
+    "ocean",
 ]
 _VERBS = [
-    "describes", "follows", "carries", "protects", "measures", "builds", "studies", "finds", "reaches",
-    "changes", "explains", "records", "improves", "collects", "shapes", "remembers", "visits", "opens",
+    "describes",
+    "follows",
+    "carries",
+    "protects",
+    "measures",
+    "builds",
+    "studies",
+    "finds",
+    "reaches",
+    "changes",
+    "explains",
+    "records",
+    "improves",
+    "collects",
+    "shapes",
+    "remembers",
+    "visits",
+    "opens",
     "repairs",
 ]
 _ADJECTIVES = [
-    "quiet", "ancient", "careful", "bright", "narrow", "patient", "distant", "gentle", "rapid", "simple",
-    "crowded", "hidden", "golden", "modern", "honest", "sudden", "famous", "humble", "clever", "silent",
+    "quiet",
+    "ancient",
+    "careful",
+    "bright",
+    "narrow",
+    "patient",
+    "distant",
+    "gentle",
+    "rapid",
+    "simple",
+    "crowded",
+    "hidden",
+    "golden",
+    "modern",
+    "honest",
+    "sudden",
+    "famous",
+    "humble",
+    "clever",
+    "silent",
 ]
 _LINKS = ["and", "but", "while", "because", "although", "so", "when", "after"]
 
@@ -128,7 +198,11 @@ def column(repo: DataRepo, ref: str, prefix: str, name: str) -> list[Any]:
     values: list[Any] = []
     for stat in repo.list(ref, prefix):
         if stat.path.endswith(".parquet"):
-            values += pq.read_table(pa.BufferReader(repo.get(ref, stat.path)), columns=[name]).column(name).to_pylist()
+            values += (
+                pq.read_table(pa.BufferReader(repo.get(ref, stat.path)), columns=[name])
+                .column(name)
+                .to_pylist()
+            )
     return values
 
 

@@ -50,7 +50,9 @@ def publish_version(
         branch, "ingest", _stage_meta("ingest", f"ingest-{seed}", main, flow_run_id), allow_empty=True
     ).id
     shard = publish_synthetic_dataset(repo, branch, sources, total_samples=1200, seed=seed)
-    mix = repo.commit(branch, "mix", _stage_meta("mix", f"mix-{seed}", shard, flow_run_id), allow_empty=True).id
+    mix = repo.commit(
+        branch, "mix", _stage_meta("mix", f"mix-{seed}", shard, flow_run_id), allow_empty=True
+    ).id
     chain = [ChainLink("ingest", f"key-ingest-{seed}", ingest), ChainLink("shard", f"key-shard-{seed}", shard),
              ChainLink("mix", f"key-mix-{seed}", mix)]  # fmt: skip
     version = publish(repo, mix, chain, flow_run_id, gates_hash="gates")
@@ -93,7 +95,9 @@ def write_checkpoint_records(repo: DataRepo, run: str, commit: str, steps: list[
             "saved_at": float(step), "checkpoint": f"/nowhere/runs/{run}/checkpoints/step-{step:07d}",
         }  # fmt: skip
         repo.put(LINEAGE_BRANCH, checkpoint_record_path(run, step), (json.dumps(record) + "\n").encode())
-    repo.commit(LINEAGE_BRANCH, f"lineage: run {run}, {len(steps)} record(s)", {"kind": "lineage", "run": run})
+    repo.commit(
+        LINEAGE_BRANCH, f"lineage: run {run}, {len(steps)} record(s)", {"kind": "lineage", "run": run}
+    )
 
 
 @contextmanager

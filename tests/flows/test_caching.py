@@ -11,7 +11,9 @@ from formats.layout import STAGES
 
 def _copy(root: Path) -> Path:
     for package in caching.CODE_PACKAGES:
-        shutil.copytree(caching.PROJECT_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            caching.PROJECT_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     return root
 
 
@@ -44,4 +46,6 @@ def test_editing_a_file_changes_the_version_of_the_stages_that_run_it_only(tmp_p
     shared = after / "tasks" / "parts.py"
     shared.write_text(shared.read_text() + "\n# changed\n")
     caching._code_version.cache_clear()
-    assert all(caching._code_version(s, after) != versions[before][s] for s in STAGES), "every stage writes parts"
+    assert all(caching._code_version(s, after) != versions[before][s] for s in STAGES), (
+        "every stage writes parts"
+    )

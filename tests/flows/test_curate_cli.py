@@ -84,7 +84,10 @@ def test_curate_from_a_toml_file_then_list_the_published_version(tmp_path, capsy
     ("config", "says"),
     [
         ("[dedup]\ntreshold = 0.5\n", "dedup.treshold: Extra inputs are not permitted"),
-        ("[[ingest.sources]]\nname = 'x'\nkind = 'prose'\nformat = 'files'\npath = 'nowhere'\n", "does not exist"),
+        (
+            "[[ingest.sources]]\nname = 'x'\nkind = 'prose'\nformat = 'files'\npath = 'nowhere'\n",
+            "does not exist",
+        ),
         ("[gates\n", "not valid TOML"),
     ],
 )
@@ -101,7 +104,9 @@ def test_a_missing_config_file_is_named(tmp_path, capsys):
     assert "absent.toml' does not exist" in capsys.readouterr().err
 
 
-def test_a_failing_gate_is_one_paragraph_naming_gate_expectations_data_docs_and_main(tmp_path, capsys, monkeypatch):
+def test_a_failing_gate_is_one_paragraph_naming_gate_expectations_data_docs_and_main(
+    tmp_path, capsys, monkeypatch
+):
     monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
     write_corpus(tmp_path / "sources")
     config = tmp_path / "curate.toml"
@@ -110,10 +115,16 @@ def test_a_failing_gate_is_one_paragraph_naming_gate_expectations_data_docs_and_
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.startswith("tokenlake: error: the validate stage's gate failed")
     assert "expect_column_values_to_be_between(text_chars)" in err, "the failing expectation is named"
-    docs = next(line.removeprefix("Data Docs: ") for line in err.splitlines() if line.startswith("Data Docs: "))
+    docs = next(
+        line.removeprefix("Data Docs: ") for line in err.splitlines() if line.startswith("Data Docs: ")
+    )
     assert docs.startswith("file://") and os.path.isfile(docs.removeprefix("file://"))
     last = err.strip().splitlines()[-1]
-    assert last.startswith("main is unchanged") and "the run branch curate-" in last and last.endswith("was removed.")
+    assert (
+        last.startswith("main is unchanged")
+        and "the run branch curate-" in last
+        and last.endswith("was removed.")
+    )
     assert set(LocalRepo(tmp_path / "repo").list_branches()) == {"main"}
 
 
@@ -145,9 +156,22 @@ def test_a_dataset_ref_that_does_not_exist_fails_before_prefect_starts(tmp_path)
         "(tags: ds-20260101-1; branches: main)"
     )
 
-    bad = [sys.executable, "-m", "flows.cli", "--repo", str(repo.root), "train", "--dataset", "main", "--preset", "huge"]
+    bad = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "--repo",
+        str(repo.root),
+        "train",
+        "--dataset",
+        "main",
+        "--preset",
+        "huge",
+    ]
     done = subprocess.run(bad, env=env, capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.startswith("tokenlake: error: --preset: Input should be 'tiny'")
+    assert done.returncode == 2 and done.stderr.startswith(
+        "tokenlake: error: --preset: Input should be 'tiny'"
+    )
     assert len(done.stderr.strip().splitlines()) == 1
 
 

@@ -39,7 +39,8 @@ curate(CurateParams.model_validate_json(open(sys.argv[1]).read()))
 
 # The flow, parked inside the publish: holding the publish lock, at the merge into main. It says
 # so with a file, and waits there to be killed (the kill then lands where a campaign trial's did).
-RUN_FLOW_PARKED_AT_MERGE = """
+RUN_FLOW_PARKED_AT_MERGE = (
+    """
 import sys
 import threading
 from pathlib import Path
@@ -50,7 +51,9 @@ def park(self, *args, **kwargs):
     threading.Event().wait()
 
 LocalRepo.merge = park
-""" + RUN_FLOW
+"""
+    + RUN_FLOW
+)
 
 
 def _wait_for_shard_stage_writing(repo: LocalRepo, process: subprocess.Popen) -> str:
@@ -93,12 +96,20 @@ def test_sigkill_mid_run_then_rerun_completes_and_janitor_removes_the_orphan(tmp
 
     with stage_outcomes() as outcomes:
         version = curate(params)
-    assert outcomes == {"ingest": "reused", "validate": "reused", "dedup": "reused", "shard": "ran", "mix": "ran"}
+    assert outcomes == {
+        "ingest": "reused",
+        "validate": "reused",
+        "dedup": "reused",
+        "shard": "ran",
+        "mix": "ran",
+    }
     assert repo.resolve(MAIN) == version.commit_id
     for prefix in ("raw/", "filtered/", "dedup/"):
         ids = column(repo, version.tag, prefix, "id")
         assert len(ids) == len(set(ids)) > 0, f"no duplicated documents under {prefix}"
-    ingested = len(column(repo, version.tag, "raw/", "id")) + len(column(repo, version.tag, "quarantine/ingest/", "id"))
+    ingested = len(column(repo, version.tag, "raw/", "id")) + len(
+        column(repo, version.tag, "quarantine/ingest/", "id")
+    )
     assert ingested == sum(1 for path in corpus.values() for f in path.iterdir()), "every source file, once"
 
     verdicts = {v.branch: v for v in sweep(repo, max_age_hours=24)}
@@ -109,7 +120,9 @@ def test_sigkill_mid_run_then_rerun_completes_and_janitor_removes_the_orphan(tmp
     assert verdicts[orphan].removed and set(repo.list_branches()) == {MAIN}
 
 
-def test_sigkill_holding_the_publish_lock_then_rerun_takes_the_dead_lock_over_and_publishes(tmp_path, monkeypatch):
+def test_sigkill_holding_the_publish_lock_then_rerun_takes_the_dead_lock_over_and_publishes(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
     corpus = write_corpus(tmp_path / "sources", documents=60)
     repo = LocalRepo(tmp_path / "repo")
@@ -120,10 +133,14 @@ def test_sigkill_holding_the_publish_lock_then_rerun_takes_the_dead_lock_over_an
     parked = tmp_path / "parked-at-merge"
 
     env = os.environ | {"PREFECT_API_URL": PREFECT_API_URL.value(), "TOKENLAKE_HOME": str(tmp_path / "home")}
-    process = subprocess.Popen([sys.executable, "-c", RUN_FLOW_PARKED_AT_MERGE, str(params_file), str(parked)], env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-c", RUN_FLOW_PARKED_AT_MERGE, str(params_file), str(parked)], env=env
+    )
     try:
         while not parked.exists():
-            assert process.poll() is None, f"the flow process exited ({process.returncode}) before its publish merged"
+            assert process.poll() is None, (
+                f"the flow process exited ({process.returncode}) before its publish merged"
+            )
             time.sleep(0.02)
         os.kill(process.pid, signal.SIGKILL)  # the main process only, as the OOM killer does
     finally:

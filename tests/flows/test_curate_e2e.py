@@ -51,16 +51,22 @@ def _task_names(flow_run_id) -> list[str]:
 def _project_copy_with_edited_stage(root, stage: str):
     """The stage code as `flows.caching` reads it, in a copy where one file of ``stage`` changed."""
     for package in caching.CODE_PACKAGES:
-        shutil.copytree(caching.PROJECT_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            caching.PROJECT_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     edited = root / "tasks" / stage / "stage.py"
-    edited.write_text(edited.read_text() + "\n# an edit: the stage's code is not what made the cached outputs\n")
+    edited.write_text(
+        edited.read_text() + "\n# an edit: the stage's code is not what made the cached outputs\n"
+    )
     return root
 
 
 def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
     corpus = write_corpus(tmp_path / "sources")
-    (corpus["prose"] / "note.txt").write_text("Too short to be an essay: the validate stage quarantines it.\n")
+    (corpus["prose"] / "note.txt").write_text(
+        "Too short to be an essay: the validate stage quarantines it.\n"
+    )
     repo = LocalRepo(tmp_path / "repo")
     params = params_for(corpus, str(repo.root), tmp_path / "results")
 
@@ -72,8 +78,13 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
     assert repo.list_tags()[first.tag] == first.commit_id == repo.resolve(MAIN)
     assert set(repo.list_branches()) == {MAIN}, "the run branch is closed after publishing"
     commits = stage_commits(repo, first.tag)
-    configs = {"ingest": params.ingest, "validate": params.validation, "dedup": params.dedup,
-               "shard": params.shards, "mix": params.mix}
+    configs = {
+        "ingest": params.ingest,
+        "validate": params.validation,
+        "dedup": params.dedup,
+        "shard": params.shards,
+        "mix": params.mix,
+    }
     for earlier, stage in zip(STAGES, STAGES[1:], strict=False):
         assert commits[stage]["input_commit"] == commits[earlier]["id"], f"{stage} read {earlier}'s commit"
     for stage in STAGES:
@@ -90,9 +101,13 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
         f"the planted empty, binary, too short and duplicate files are quarantined, not dropped: {reasons}"
     )
     flow_run_id = state.state_details.flow_run_id
-    assert {"curate-stages", "curate-summary", "curate-progress", "curate-funnel"} <= _artifact_keys(flow_run_id)
+    assert {"curate-stages", "curate-summary", "curate-progress", "curate-funnel"} <= _artifact_keys(
+        flow_run_id
+    )
     assert {f"{stage}-stage" for stage in STAGES} | {"shard-progress"} <= _artifact_keys(flow_run_id)
-    assert _task_names(flow_run_id) == ["open-run-branch", *STAGES, "publish"], "the graph reads like the pipeline"
+    assert _task_names(flow_run_id) == ["open-run-branch", *STAGES, "publish"], (
+        "the graph reads like the pipeline"
+    )
 
     # 2. re-run with no change: every stage reused, main unchanged, the same version returned
     with stage_outcomes() as outcomes:
@@ -105,7 +120,13 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
     resharded = params.model_copy(update={"shards": params.shards.model_copy(update={"seq_len": 32})})
     with stage_outcomes() as outcomes:
         second = curate(resharded)
-    assert outcomes == {"ingest": "reused", "validate": "reused", "dedup": "reused", "shard": "ran", "mix": "ran"}
+    assert outcomes == {
+        "ingest": "reused",
+        "validate": "reused",
+        "dedup": "reused",
+        "shard": "ran",
+        "mix": "ran",
+    }
     assert second.new and second.tag != first.tag and repo.resolve(MAIN) == second.commit_id
     assert repo.get_commit(second.commit_id).parents[0] == first.commit_id
     reshard_tag = second.tag
@@ -116,12 +137,20 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
     monkeypatch.setattr(caching, "PROJECT_ROOT", _project_copy_with_edited_stage(tmp_path / "code", "dedup"))
     with stage_outcomes() as outcomes:
         recoded = curate(resharded)
-    assert outcomes == {"ingest": "reused", "validate": "reused", "dedup": "ran", "shard": "ran", "mix": "ran"}
+    assert outcomes == {
+        "ingest": "reused",
+        "validate": "reused",
+        "dedup": "ran",
+        "shard": "ran",
+        "mix": "ran",
+    }
     assert recoded.new and repo.resolve(MAIN) == recoded.commit_id
     second = recoded
 
     # 4. a failing gate: nothing published, the run branch deleted by the flow's on_failure hook
-    failing = resharded.model_copy(update={"gates": resharded.gates.model_copy(update={"min_tokens": 10**12})})
+    failing = resharded.model_copy(
+        update={"gates": resharded.gates.model_copy(update={"min_tokens": 10**12})}
+    )
     state = curate(failing, return_state=True)
     assert state.is_failed() and "min_tokens" in state.message
     assert repo.resolve(MAIN) == second.commit_id and set(repo.list_branches()) == {MAIN}

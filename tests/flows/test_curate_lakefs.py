@@ -50,7 +50,8 @@ def _outage_mid_shard(double: LakeFSDouble, probe: LakeFSRepo, done: threading.E
     while not done.is_set():
         try:
             writing = [
-                branch for branch, head in probe.list_branches().items()
+                branch
+                for branch, head in probe.list_branches().items()
                 if branch.startswith(RUN_BRANCH_PREFIX)
                 and probe.get_commit(head).metadata.get("stage") == "dedup"
                 and probe.exists(branch, "tokenizer/tokenizer.json")
@@ -72,7 +73,8 @@ def _shard_failed_once(flow_run_id: str) -> bool:
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     return any(
-        r.name.startswith("shard") and (r.run_count > 1 or (r.state is not None and r.state.name == "AwaitingRetry"))
+        r.name.startswith("shard")
+        and (r.run_count > 1 or (r.state is not None and r.state.name == "AwaitingRetry"))
         for r in runs
     )
 
@@ -81,7 +83,9 @@ def _attempts(flow_run_id) -> dict[str, int]:
     """Task name -> attempts, once the API has processed every task-run event of the run."""
     with get_client(sync_client=True) as client:
         while True:
-            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
             if runs and all(r.state and r.state.is_final() for r in runs):
                 return {r.name.rsplit("-", 1)[0]: r.run_count for r in runs}
             time.sleep(0.2)
@@ -94,7 +98,9 @@ def _assert_every_document_once(repo, ref: str, files: int) -> None:
     for stage, kept_prefix, previous in (("validate", "filtered/", raw), ("dedup", "dedup/", None)):
         previous = previous if previous is not None else column(repo, ref, "filtered/", "id")
         kept, rejected = column(repo, ref, kept_prefix, "id"), column(repo, ref, f"quarantine/{stage}/", "id")
-        assert len(kept) + len(rejected) == len(previous) and set(kept) | set(rejected) == set(previous), stage
+        assert len(kept) + len(rejected) == len(previous) and set(kept) | set(rejected) == set(previous), (
+            stage
+        )
 
 
 @pytest.mark.slow
@@ -103,11 +109,16 @@ def test_curate_on_lakefs_survives_faults_then_reuses_and_gates(double, tmp_path
     corpus = write_corpus(tmp_path / "sources")
     files = sum(1 for path in corpus.values() for _ in path.iterdir())
     params = params_for(
-        corpus, f"lakefs://{REPOSITORY}", tmp_path / "results",
+        corpus,
+        f"lakefs://{REPOSITORY}",
+        tmp_path / "results",
         retry={"retries": 4, "backoff_seconds": 1.0, "jitter_factor": 0.5},
     )
     probe = LakeFSRepo.connect(
-        double.endpoint, double.access_key_id, double.secret_access_key, REPOSITORY,
+        double.endpoint,
+        double.access_key_id,
+        double.secret_access_key,
+        REPOSITORY,
         retry=RetryPolicy(attempts=20, base_delay_s=0.01, max_delay_s=0.1),
     )
 
@@ -131,7 +142,10 @@ def test_curate_on_lakefs_survives_faults_then_reuses_and_gates(double, tmp_path
 
     with stage_outcomes() as outcomes:
         again = curate(params)
-    assert outcomes == dict.fromkeys(STAGES, "reused") and (again.commit_id, again.new) == (first.commit_id, False)
+    assert outcomes == dict.fromkeys(STAGES, "reused") and (again.commit_id, again.new) == (
+        first.commit_id,
+        False,
+    )
 
     remixed = params.model_copy(update={"mix": params.mix.model_copy(update={"seed": 1})})
     with stage_outcomes() as outcomes:

@@ -70,7 +70,11 @@ def test_publish_merges_tags_and_records_the_chain(repo):
     assert repo.is_ancestor(head, MAIN)
     # what the publish guard reads: the gates of the merged commit's stages
     assert merge.metadata["gate"] == "passed" and merge.metadata["input_commit"] == head
-    assert json.loads(merge.metadata["gates"]) == {"ingest": "passed", "validate": "passed", "shard": "passed"}
+    assert json.loads(merge.metadata["gates"]) == {
+        "ingest": "passed",
+        "validate": "passed",
+        "shard": "passed",
+    }
 
 
 def test_main_refuses_a_run_whose_gate_failed_and_stays_where_it_was(repo):
@@ -119,7 +123,9 @@ def test_the_publish_lock_excludes_other_runs_and_names_its_holder(repo):
 
 def test_a_lock_left_by_a_killed_attempt_of_the_same_run_is_taken_over(repo):
     repo.create_branch(PUBLISH_LOCK_BRANCH, MAIN)
-    repo.commit(PUBLISH_LOCK_BRANCH, "lock", {"stage": "lock", "flow_run_id": "run-a", "pid": "1"}, allow_empty=True)
+    repo.commit(
+        PUBLISH_LOCK_BRANCH, "lock", {"stage": "lock", "flow_run_id": "run-a", "pid": "1"}, allow_empty=True
+    )
     with publish_lock(repo, "run-a", wait_s=0):
         assert publish_in_progress(repo)["flow_run_id"] == "run-a"
     assert publish_in_progress(repo) is None
@@ -188,7 +194,9 @@ with publish_lock(KilledAt(sys.argv[1]), "run-killed"):
 
 
 @pytest.mark.parametrize("moment", ["holder", "lock", "cleanup"])
-def test_a_publisher_killed_at_any_step_of_taking_the_lock_never_leaves_a_lock_without_its_holder(repo, moment):
+def test_a_publisher_killed_at_any_step_of_taking_the_lock_never_leaves_a_lock_without_its_holder(
+    repo, moment
+):
     killed = subprocess.Popen([sys.executable, "-c", KILLED_TAKING_THE_LOCK, str(repo.root), moment])
     assert killed.wait() == 9, f"the publisher was to die at {moment}"
     branches = repo.list_branches()
@@ -245,15 +253,27 @@ def test_a_run_branch_left_by_a_killed_attempt_restarts_from_main(repo):
 def test_datasets_lists_versions_with_documents_and_tokens_per_source(repo):
     manifest = {
         "sources": {"code": {"sequences": 2, "tokens": 514}, "prose": {"sequences": 1, "tokens": 257}},
-        "shards": [{"source": "code", "documents": 6}, {"source": "code", "documents": 3}, {"source": "prose", "documents": 4}],
+        "shards": [
+            {"source": "code", "documents": 6},
+            {"source": "code", "documents": 3},
+            {"source": "prose", "documents": 4},
+        ],
     }
     dedup = {"per_source": {"code": {"kept": 10}, "prose": {"kept": 4}}}
-    head, chain = _run(repo, "curate-a", {
-        "shards/manifest.json": json.dumps(manifest).encode(),
-        "reports/dedup.json": json.dumps(dedup).encode(),
-    })
+    head, chain = _run(
+        repo,
+        "curate-a",
+        {
+            "shards/manifest.json": json.dumps(manifest).encode(),
+            "reports/dedup.json": json.dumps(dedup).encode(),
+        },
+    )
     version = publish(repo, head, chain, "run-a", "g")
     (listed,) = list_versions(repo)
-    assert listed.tag == version.tag and listed.commit_id == version.commit_id and listed.flow_run_id == "run-a"
+    assert (
+        listed.tag == version.tag and listed.commit_id == version.commit_id and listed.flow_run_id == "run-a"
+    )
     assert listed.tokens == {"code": 514, "prose": 257} and listed.documents == {"code": 10, "prose": 4}
-    assert listed.documents_in_shards == {"code": 9, "prose": 4}, "the end-of-document tokens `shards verify` counts"
+    assert listed.documents_in_shards == {"code": 9, "prose": 4}, (
+        "the end-of-document tokens `shards verify` counts"
+    )

@@ -19,7 +19,14 @@ from formats import layout
 from versioning import DataRepo
 from versioning.local import LocalRepo
 
-PARTITION_STEPS = ("ingest-partition", "validate-part", "dedup-keys", "dedup-verify", "dedup-apply", "shard-source")
+PARTITION_STEPS = (
+    "ingest-partition",
+    "validate-part",
+    "dedup-keys",
+    "dedup-verify",
+    "dedup-apply",
+    "shard-source",
+)
 pytestmark = [pytest.mark.usefixtures("prefect_harness"), pytest.mark.slow]
 
 
@@ -46,7 +53,9 @@ def partition_runs(flow_run_id) -> dict[str, int]:
     with get_client(sync_client=True) as client:
         while page is None or len(page) == 200:
             page = client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), limit=200, offset=len(runs)
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                limit=200,
+                offset=len(runs),
             )
             runs += page
     names: dict[str, int] = {}
@@ -90,7 +99,9 @@ def published_objects(repo: DataRepo, tag: str) -> dict[str, bytes]:
 
 def test_local_and_a_two_worker_dask_cluster_publish_the_same_bytes(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
-    budget = DemoBudget(code_bytes=MB // 3, prose_bytes=MB // 5, license_bytes=MB // 10, max_file_bytes=40_000)
+    budget = DemoBudget(
+        code_bytes=MB // 3, prose_bytes=MB // 5, license_bytes=MB // 10, max_file_bytes=40_000
+    )
     sources = demo_sources(tmp_path / "demo", budget)
     published = {}
     for name, runner in [("local", {"spec": "local"}), ("dask", {"spec": "dask", "workers": 2})]:
@@ -100,7 +111,9 @@ def test_local_and_a_two_worker_dask_cluster_publish_the_same_bytes(tmp_path, mo
         if name == "dask":
             runs = recorded_partition_runs(state.state_details.flow_run_id, PARTITION_STEPS)
             for step in PARTITION_STEPS:
-                assert runs.get(step, 0) >= 2, f"the {step} partitions are Prefect task runs on the Dask cluster"
+                assert runs.get(step, 0) >= 2, (
+                    f"the {step} partitions are Prefect task runs on the Dask cluster"
+                )
 
     (local_repo, local), (dask_repo, dask) = published["local"], published["dask"]
     local_objects = published_objects(local_repo, local.tag)
@@ -123,7 +136,10 @@ def test_local_and_a_two_worker_dask_cluster_publish_the_same_bytes(tmp_path, mo
 
     for stage in layout.STAGES:
         counts = [
-            {k: json.loads(repo.get(v.tag, layout.report_path(stage)))[k] for k in ("documents_in", "kept", "rejected")}
+            {
+                k: json.loads(repo.get(v.tag, layout.report_path(stage)))[k]
+                for k in ("documents_in", "kept", "rejected")
+            }
             for repo, v in published.values()
         ]
         assert counts[0] == counts[1], f"the {stage} reports count the same documents"

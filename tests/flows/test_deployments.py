@@ -34,7 +34,9 @@ PREFECT_YAML = Path(__file__).resolve().parents[2] / "deploy" / "prefect.yaml"
 
 
 def test_prefect_yaml_declares_curate_nightly_janitor_and_train_in_one_pool(tmp_path):
-    assert work_pools(PREFECT_YAML) == dict.fromkeys(["curate-nightly", "janitor-hourly", "train"], "tokenlake")
+    assert work_pools(PREFECT_YAML) == dict.fromkeys(
+        ["curate-nightly", "janitor-hourly", "train"], "tokenlake"
+    )
     poolless = tmp_path / "prefect.yaml"
     poolless.write_text("deployments:\n  - name: x\n    entrypoint: flows/curate.py:curate\n")
     with pytest.raises(ServeError, match="deployment 'x' names no work_pool"):
@@ -57,7 +59,9 @@ def served(tmp_path):
     log = (tmp_path / "serve.log").open("w")
     process = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "serve", "--prefect-yaml", str(PREFECT_YAML)],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         yield _deployment_id("curate/curate-nightly", process, tmp_path / "serve.log")
@@ -100,7 +104,9 @@ def _task_states(flow_run_id: UUID, attempt: int) -> dict[str, str]:
     give_up = time.monotonic() + WAIT_LIMIT_S
     with get_client(sync_client=True) as client:
         while time.monotonic() < give_up:
-            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
             runs = [r for r in runs if r.flow_run_run_count == attempt]
             if runs and all(r.state and r.state.is_final() for r in runs):
                 return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
@@ -123,10 +129,12 @@ def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_sta
     (first_tag,) = [t for t in repo.list_tags() if t.startswith("ds-")]
 
     # The next run reuses a tokenizer tag that does not exist yet: the shard stage fails.
-    wanting = params.model_copy(update={
-        "dedup": params.dedup.model_copy(update={"threshold": 0.7}),
-        "shards": params.shards.model_copy(update={"reuse_tokenizer_from": "tokenizer-v1"}),
-    })
+    wanting = params.model_copy(
+        update={
+            "dedup": params.dedup.model_copy(update={"threshold": 0.7}),
+            "shards": params.shards.model_copy(update={"reuse_tokenizer_from": "tokenizer-v1"}),
+        }
+    )
     with get_client(sync_client=True) as client:
         run = client.create_flow_run_from_deployment(
             deployment_id, parameters={"params": wanting.model_dump(mode="json")}
@@ -155,10 +163,25 @@ def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_sta
 def test_prefect_deploy_registers_them_with_a_work_pool(tmp_path):
     """What `tokenlake serve` and deploy/compose.yaml run: `prefect deploy --all` into the process pool."""
     ensure_process_pools({"tokenlake"})
-    env = os.environ | {"PREFECT_API_URL": PREFECT_API_URL.value(), "TOKENLAKE_ROOT": str(PREFECT_YAML.parents[1])}
+    env = os.environ | {
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "TOKENLAKE_ROOT": str(PREFECT_YAML.parents[1]),
+    }
     deploy = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_YAML)],
-        env=env, cwd=PREFECT_YAML.parents[1], capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "--no-prompt",
+            "deploy",
+            "--all",
+            "--prefect-file",
+            str(PREFECT_YAML),
+        ],
+        env=env,
+        cwd=PREFECT_YAML.parents[1],
+        capture_output=True,
+        text=True,
     )
     assert deploy.returncode == 0, deploy.stdout[-2000:] + deploy.stderr[-2000:]
     with get_client(sync_client=True) as client:

@@ -100,7 +100,12 @@ def test_a_dry_run_removes_nothing(repo):
 def test_a_publish_lock_of_a_dead_process_is_removed_a_live_one_kept(repo):
     flow_run_id = _flow_run(Running())
     repo.create_branch(PUBLISH_LOCK_BRANCH, MAIN)
-    holder = {"stage": "lock", "flow_run_id": flow_run_id, "host": socket.gethostname(), "pid": str(os.getpid())}
+    holder = {
+        "stage": "lock",
+        "flow_run_id": flow_run_id,
+        "host": socket.gethostname(),
+        "pid": str(os.getpid()),
+    }
     repo.commit(PUBLISH_LOCK_BRANCH, "lock", holder, allow_empty=True)
     (verdict,) = sweep(repo, max_age_hours=0)
     assert not verdict.removed and PUBLISH_LOCK_BRANCH in repo.list_branches()
@@ -122,6 +127,8 @@ def test_process_liveness_and_ages():
     assert process_alive(f"{socket.gethostname()}:{os.getpid()}", None) is True
     assert process_alive(f"{socket.gethostname()}:{_dead_pid()}", None) is False
     assert process_alive("elsewhere:1", None) is None and process_alive(None, None) is None
-    assert parse_age("36h") == 36 and parse_age("90m") == 1.5 and parse_age("2d") == 48 and parse_age("0") == 0
+    assert (
+        parse_age("36h") == 36 and parse_age("90m") == 1.5 and parse_age("2d") == 48 and parse_age("0") == 0
+    )
     with pytest.raises(ValueError, match="not a duration"):
         parse_age("soon")

@@ -84,7 +84,9 @@ def test_step_positions_are_the_samples_training_read(backend, tmp_path):
     # a NaN loss on the batch holding position 30 (step 4) rolls back to step 2 and skips that batch
     result = train_tiny(spec, tmp_path / "home", "alpha", v1.tag, steps=6, log_samples=True,
                         faults={"nan_at_positions": [30]})  # fmt: skip
-    log = [json.loads(line) for line in (result.run_dir / "samples-rank0-of-1.jsonl").read_text().splitlines()]
+    log = [
+        json.loads(line) for line in (result.run_dir / "samples-rank0-of-1.jsonl").read_text().splitlines()
+    ]
     read = {entry["step"]: entry for entry in log}  # a replayed step's last entry is the one that counted
     index = read_lineage(repo, "alpha")
     assert [c.step for c in index.of_run("alpha")] == [0, 2, 4, 6]
@@ -117,7 +119,10 @@ def test_the_lineage_command_prints_tables_and_json(tmp_path, capsys):
         assert tokenlake(["--repo", spec, "lineage", v1.tag, "--json"]) == 0
         body = json.loads(capsys.readouterr().out)
         assert body["data"]["publish_tag"] == v1.tag
-        assert [(c["checkpoint"], c["metrics"]["step"]) for c in body["checkpoints"]] == [("alpha@0", 0), ("alpha@2", 2)]
+        assert [(c["checkpoint"], c["metrics"]["step"]) for c in body["checkpoints"]] == [
+            ("alpha@0", 0),
+            ("alpha@2", 2),
+        ]
 
         assert tokenlake(["--repo", spec, "lineage", v1.tag, "--step", "1"]) == 2
         assert "--step needs a checkpoint" in capsys.readouterr().err

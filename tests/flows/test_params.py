@@ -42,7 +42,11 @@ def test_the_ui_forms_show_every_description_as_written():
     from flows.pipeline import PipelineParams
     from flows.rollback import RollbackParams
 
-    for model in (PipelineParams, JanitorParams, RollbackParams):  # PipelineParams holds CurateParams and TrainParams
+    for model in (
+        PipelineParams,
+        JanitorParams,
+        RollbackParams,
+    ):  # PipelineParams holds CurateParams and TrainParams
         descriptions = _descriptions(model.model_json_schema())
         assert len(descriptions) >= 3
         assert not [d for d in descriptions if re.search(r"<[A-Za-z/][^>]*>", d)], model.__name__
@@ -52,7 +56,10 @@ def test_the_ui_forms_show_every_description_as_written():
     ("runner", "error"),
     [
         ({"spec": "spark"}, r"runner\.spec: String should match pattern"),
-        ({"spec": "dask", "memory_limit": "2 gigs"}, r"memory_limit '2 gigs' is not a size: write e\.g\. 2GiB"),
+        (
+            {"spec": "dask", "memory_limit": "2 gigs"},
+            r"memory_limit '2 gigs' is not a size: write e\.g\. 2GiB",
+        ),
         ({"spec": "dask", "workers": 0}, r"runner\.workers: Input should be greater than or equal to 1"),
     ],
 )
@@ -68,12 +75,18 @@ def test_a_scheduler_address_becomes_a_dask_task_runner_on_it():
 
     from flows.runners import task_runner
 
-    params = CurateParams.model_validate({"runner": {"spec": "dask:tcp://scheduler:8786", "memory_limit": "2GiB"}})
+    params = CurateParams.model_validate(
+        {"runner": {"spec": "dask:tcp://scheduler:8786", "memory_limit": "2GiB"}}
+    )
     runner = task_runner(params.runner.spec, params.runner.workers, params.runner.memory_limit)
     assert isinstance(runner, DaskTaskRunner) and runner.address == "tcp://scheduler:8786"
     local = task_runner("dask", 2, "512MiB")
     assert local.cluster_kwargs == {
-        "n_workers": 2, "threads_per_worker": 1, "processes": True, "memory_limit": "512MiB", "dashboard_address": None,
+        "n_workers": 2,
+        "threads_per_worker": 1,
+        "processes": True,
+        "memory_limit": "512MiB",
+        "dashboard_address": None,
         "env": {"ARROW_DEFAULT_MEMORY_POOL": "system"},
     }
 

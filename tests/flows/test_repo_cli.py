@@ -137,7 +137,9 @@ def test_limit_must_be_a_number(repo_dir: Path, capsys: pytest.CaptureFixture[st
     assert "argument --limit: expected a whole number >= 0, got -3" in capsys.readouterr().err
 
 
-def test_log_shows_stage_counts_and_gate_and_json_has_every_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_log_shows_stage_counts_and_gate_and_json_has_every_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     repo = LocalRepo(tmp_path / "repo")
     repo.ensure()
     meta = {"stage": "validate", "documents_in": "853", "kept": "750", "rejected": "103", "tokens": "0",
@@ -150,7 +152,9 @@ def test_log_shows_stage_counts_and_gate_and_json_has_every_field(tmp_path: Path
     assert json.loads(capsys.readouterr().out)[0]["metadata"] == meta
 
 
-def test_log_leaves_out_the_document_counts_of_a_stage_that_reads_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_log_leaves_out_the_document_counts_of_a_stage_that_reads_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     repo = LocalRepo(tmp_path / "repo")
     repo.ensure()
     meta = {"stage": "mix", "documents_in": "0", "kept": "0", "rejected": "0", "tokens": "2242304"}

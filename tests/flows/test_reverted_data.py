@@ -84,7 +84,9 @@ def test_restoring_or_republishing_the_same_content_makes_it_good_again(backend,
     judged = _reverted(repo, v1.commit_id, v2.commit_id, v3.commit_id, first.head, second.head)
     assert judged == {v3.commit_id: second.tag}, "first.head holds v1's content, which v2 contains"
     on_v2 = read_lineage(repo).find("on-v2", 0)
-    assert not on_v2.tainted and [m.rollback for m in on_v2.taints] == [first.tag], "the mark stays, as history"
+    assert not on_v2.tainted and [m.rollback for m in on_v2.taints] == [first.tag], (
+        "the mark stays, as history"
+    )
     capsys.readouterr()
     assert tokenlake(["--repo", spec, "lineage", "on-v2@0"]) == 0
     shown = capsys.readouterr().out

@@ -91,7 +91,9 @@ def test_roll_back_a_bad_version_and_resume_on_the_good_one(backend, tmp_path, c
         _train(spec, v1.tag, steps=4)
         scraped = write_corpus(tmp_path / "scraped", documents=24, seed=99)["prose"]
         bad = good.model_copy(deep=True)
-        bad.ingest.sources.append(bad.ingest.sources[0].model_copy(update={"name": "scraped", "path": str(scraped)}))
+        bad.ingest.sources.append(
+            bad.ingest.sources[0].model_copy(update={"name": "scraped", "path": str(scraped)})
+        )
         v2 = curate(bad)
         assert v2.new and "shards/scraped/" in {s.path[:15] for s in repo.list(v2.tag, "shards/")}
         _train(spec, v2.tag, steps=8, resume="allow-data-change")
@@ -121,9 +123,15 @@ def test_roll_back_a_bad_version_and_resume_on_the_good_one(backend, tmp_path, c
         # resumed from the last v1 checkpoint, on the restored main, as a recorded data change
         (resumed,) = report["resumed"]
         run = resumed["run"]
-        assert (resumed["from_checkpoint"], resumed["step"], resumed["data_commit"]) == ("alpha@4", 8, report["main"])
+        assert (resumed["from_checkpoint"], resumed["step"], resumed["data_commit"]) == (
+            "alpha@4",
+            8,
+            report["main"],
+        )
         forked = {c.step: c for c in index.of_run(run)}
-        assert sorted(forked) == [4, 6, 8] and forked[6].data_commit == forked[8].data_commit == report["main"]
+        assert (
+            sorted(forked) == [4, 6, 8] and forked[6].data_commit == forked[8].data_commit == report["main"]
+        )
         assert forked[4].data_commit == v1.commit_id and not any(c.tainted for c in forked.values())
         kinds = {(e["run"], e["kind"], e["step"]) for e in index.events}
         assert {("alpha", "data-change", 4), (run, "fork", 4), (run, "data-change", 4)} <= kinds
@@ -139,7 +147,12 @@ def test_roll_back_a_bad_version_and_resume_on_the_good_one(backend, tmp_path, c
         assert f"TAINTED      by {report['tag']}" in tainted and f"published    {v2.tag}" in tainted
         assert "scraped" in tainted, "the sources of the bad version are named"
         on_v1 = json.loads(cli(capsys, "--repo", spec, "lineage", v1.tag, "--json"))
-        assert [c["checkpoint"] for c in on_v1["checkpoints"]] == ["alpha@0", "alpha@2", "alpha@4", f"{run}@4"]
+        assert [c["checkpoint"] for c in on_v1["checkpoints"]] == [
+            "alpha@0",
+            "alpha@2",
+            "alpha@4",
+            f"{run}@4",
+        ]
         on_v2 = cli(capsys, "--repo", spec, "lineage", v2.tag)
         assert f"REVERTED     by {report['tag']}" in on_v2 and "alpha@6" in on_v2 and "alpha@8" in on_v2
         restored = json.loads(cli(capsys, "--repo", spec, "lineage", report["tag"], "--json"))
@@ -211,26 +224,34 @@ def test_a_lineage_record_queued_during_a_rollback_is_tainted_when_it_arrives(ba
         v1 = publish_version(repo, "curate-1", GOOD_SOURCES, seed=1)
         v2 = publish_version(repo, "curate-2", BAD_SOURCES, seed=2)
         # trained on v2 while the repository was unreachable for lineage: the records wait on this machine
-        result = train_tiny(spec, home, "offline", v2.commit_id, steps=4, faults=FaultConfig(lineage_outage=True))
+        result = train_tiny(
+            spec, home, "offline", v2.commit_id, steps=4, faults=FaultConfig(lineage_outage=True)
+        )
         queue = result.run_dir / "lineage-queue"
         assert len(list(queue.glob("*.json"))) == 3 and read_lineage(repo).of_run("offline") == []
 
         report = json.loads(cli(capsys, "--repo", spec, "rollback", "--to", v1.tag, "--json"))
         assert report["tainted"] == [], "the repository did not know these checkpoints yet"
         checkpoint_dir = result.run_dir / "checkpoints" / "step-0000004"
-        assert f"TAINTED      by {report['tag']}" in cli(capsys, "--repo", spec, "lineage", str(checkpoint_dir))
+        assert f"TAINTED      by {report['tag']}" in cli(
+            capsys, "--repo", spec, "lineage", str(checkpoint_dir)
+        )
 
         # reachable again: the next run of this name writes the queue first, as this writer does
         assert LineageWriter(lambda: open_repo(spec, create=False), "offline", queue).close()
         on_v2 = json.loads(cli(capsys, "--repo", spec, "lineage", v2.tag, "--json"))
-        assert _checkpoint_rows(on_v2) == [(f"offline@{step}", True, report["tag"], False) for step in (0, 2, 4)]
+        assert _checkpoint_rows(on_v2) == [
+            (f"offline@{step}", True, report["tag"], False) for step in (0, 2, 4)
+        ]
         again = json.loads(cli(capsys, "--repo", spec, "rollback", "--to", v1.tag, "--json"))
         assert [t["checkpoint"] for t in again["tainted"]] == ["offline@0", "offline@2", "offline@4"]
         assert all(c.marked for c in read_lineage(repo).of_run("offline"))
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
-def test_curate_after_a_rollback_reuses_the_stages_of_the_restored_version(backend, tmp_path, capsys, monkeypatch):
+def test_curate_after_a_rollback_reuses_the_stages_of_the_restored_version(
+    backend, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
     with BACKENDS[backend](tmp_path) as (repo, spec):
         corpus = write_corpus(tmp_path / "sources", documents=24)
@@ -238,7 +259,9 @@ def test_curate_after_a_rollback_reuses_the_stages_of_the_restored_version(backe
         v1 = curate(good)
         scraped = write_corpus(tmp_path / "scraped", documents=24, seed=99)["prose"]
         bad = good.model_copy(deep=True)
-        bad.ingest.sources.append(bad.ingest.sources[0].model_copy(update={"name": "scraped", "path": str(scraped)}))
+        bad.ingest.sources.append(
+            bad.ingest.sources[0].model_copy(update={"name": "scraped", "path": str(scraped)})
+        )
         v2 = curate(bad)
         report = json.loads(cli(capsys, "--repo", spec, "rollback", "--to", v1.tag, "--json"))
         assert repo.get_commit(MAIN).metadata["stage"] == "rollback"
@@ -251,7 +274,9 @@ def test_curate_after_a_rollback_reuses_the_stages_of_the_restored_version(backe
         assert repo.resolve(MAIN) == report["main"]
         # the same from an empty stage cache (another machine): the key is the content, found on main
         elsewhere = good.model_copy(
-            update={"repository": good.repository.model_copy(update={"results": str(tmp_path / "other-results")})}
+            update={
+                "repository": good.repository.model_copy(update={"results": str(tmp_path / "other-results")})
+            }
         )
         with stage_outcomes() as outcomes:
             assert curate(elsewhere).tag == v1.tag

@@ -89,4 +89,6 @@ def test_a_run_already_at_its_steps_says_so_instead_of_reprinting_metrics(capsys
     print_training(done)
     out = capsys.readouterr().out
     assert out.startswith("nothing to train: the run tiny-abababababab is already at step 300 on this commit")
-    assert "| metric |" not in out and "6.2" not in out, "the earlier run's metrics are not shown as if this run trained"
+    assert "| metric |" not in out and "6.2" not in out, (
+        "the earlier run's metrics are not shown as if this run trained"
+    )

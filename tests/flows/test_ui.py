@@ -134,10 +134,16 @@ def curate_run(tmp_path_factory) -> Iterator[CurateRun]:
 
             def logged():  # the run's log records arrive in batches, the last after its final state
                 logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
-                return logs if any("curate: published" in r.message for r in logs) or not state.is_completed() else None
+                return (
+                    logs
+                    if any("curate: published" in r.message for r in logs) or not state.is_completed()
+                    else None
+                )
 
             logs = _wait("the run's log never said what it published", logged, [serve_log])
-            task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+            task_runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+            )
             artifacts = client.read_artifacts(
                 artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
             )
@@ -159,7 +165,9 @@ def test_the_run_page_has_info_logs_stage_tasks_and_keyed_artifacts(curate_run: 
     assert curate_run.state == "Completed", curate_run.logs[-5:]
     info = [message for level, message in curate_run.logs if level == 20]
     for stage in STAGES:
-        assert any(m.startswith(f"{stage}: gate ") and "commit" in m for m in info), f"no INFO line of {stage}"
+        assert any(m.startswith(f"{stage}: gate ") and "commit" in m for m in info), (
+            f"no INFO line of {stage}"
+        )
     assert any(m.startswith("ingest: prose: read ") and "quarantined" in m for m in info), "per-source counts"
     assert any(m.startswith("curate: published ds-") for m in info), "what was published"
     assert curate_run.task_runs == dict.fromkeys(["open-run-branch", *STAGES, "publish"], "Completed")
@@ -181,4 +189,6 @@ def test_a_screenshot_of_the_run_page(curate_run: CurateRun):
         capture_output=True, text=True,
     )  # fmt: skip
     assert browser.returncode == 0 and shot.is_file(), browser.stderr[-2000:]
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000, "a page, not a blank"
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000, (
+        "a page, not a blank"
+    )

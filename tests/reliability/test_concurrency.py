@@ -64,7 +64,9 @@ def test_a_publish_after_a_rollback_is_refused_naming_the_rollback(tmp_path):
     repo.ensure()
     v1 = publish_version(repo, "run-1", GOOD_SOURCES, seed=1)
     publish_version(repo, "run-2", GOOD_SOURCES, seed=2)
-    started, chain = gated_run_branch(repo, "curate-late", {"shards/manifest.json": b"built on run-2's version"})
+    started, chain = gated_run_branch(
+        repo, "curate-late", {"shards/manifest.json": b"built on run-2's version"}
+    )
     restored = restore_main(repo, plan_rollback(repo, v1.tag), "flow-run-rollback")
     with pytest.raises(MainMoved, match=rf"flow run flow-run-rollback rolled it back \({restored.tag}"):
         publish(repo, started, chain, "flow-run-late", "gates")
@@ -112,7 +114,10 @@ def test_two_curate_runs_started_together_publish_in_turn_or_one_refuses_naming_
     for o in outcomes:
         if not o["ok"]:  # the refusal names the run that published first
             winner = publishes[0]
-            assert f"main moved while this run was curating: flow run {winner.flow_run_id} published {winner.tag}" in o["error"]
+            assert (
+                f"main moved while this run was curating: flow run {winner.flow_run_id} published {winner.tag}"
+                in o["error"]
+            )
     assert repo.is_ancestor(initial, MAIN) and repo.resolve(MAIN) == publishes[0].commit
     assert set(repo.list_branches()) == {MAIN}, "no run branch or lock left"
     ids = column(repo, MAIN, "dedup/", "id")
@@ -121,7 +126,10 @@ def test_two_curate_runs_started_together_publish_in_turn_or_one_refuses_naming_
 
 def test_a_run_lock_refuses_a_second_holder_and_is_free_once_released(tmp_path):
     first = RunLock(tmp_path / "run", "r", flow_run_id="flow-1").acquire()
-    with pytest.raises(RunBusy, match=rf"run 'r' is being trained by another process \(pid {os.getpid()} on .* flow run flow-1\)"):
+    with pytest.raises(
+        RunBusy,
+        match=rf"run 'r' is being trained by another process \(pid {os.getpid()} on .* flow run flow-1\)",
+    ):
         RunLock(tmp_path / "run", "r").acquire()
     first.release()
     RunLock(tmp_path / "run", "r").acquire().release()
@@ -152,7 +160,9 @@ def test_a_second_trainer_on_a_run_refuses_naming_the_first_and_a_killed_one_doe
         # Stopped, it holds the lock for as long as the test needs: running, it could reach the
         # end of the mix plan and exit before the second trainer asks (a loaded machine).
         first.send_signal(signal.SIGSTOP)
-        with pytest.raises(RunBusy, match=rf"run 'shared' is being trained by another process \(pid {first.pid} on "):
+        with pytest.raises(
+            RunBusy, match=rf"run 'shared' is being trained by another process \(pid {first.pid} on "
+        ):
             train(config)  # in this process
         refused = torchrun(config, 2)  # two ranks: both refuse and exit, none waits on the other
         assert refused.returncode != 0

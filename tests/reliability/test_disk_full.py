@@ -137,7 +137,9 @@ def test_a_shard_write_on_a_full_disk_fails_the_stage_and_a_rerun_succeeds(tmp_p
     monkeypatch.undo()  # room again
     again = run_stage(run_shard, repo, "curate-full", input_commit, SMALL, flow_run_id="test-run")
     clean = shard_on_branch(repo, input_commit, "curate-clean")
-    assert repo.get(again.commit_id, "shards/manifest.json") == repo.get(clean.commit_id, "shards/manifest.json")
+    assert repo.get(again.commit_id, "shards/manifest.json") == repo.get(
+        clean.commit_id, "shards/manifest.json"
+    )
     assert repo.resolve("main") == main
 
 
@@ -161,7 +163,9 @@ def test_a_lineage_record_that_does_not_fit_is_not_queued_and_is_written_with_ro
         str(queue),
     ), 4096)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"no space left to write the lineage record runs/r/checkpoints/step-0000008.json to {queue}:")
+    assert out.stdout.startswith(
+        f"no space left to write the lineage record runs/r/checkpoints/step-0000008.json to {queue}:"
+    )
     assert "it needs 7.9 KiB" in out.stdout and "ulimit -f" in out.stdout
     assert list(queue.iterdir()) == [], "no partial record in the queue"
 
@@ -190,13 +194,18 @@ def test_a_checkpoint_save_past_the_file_limit_fails_the_run_and_the_resume_succ
     train(make_config(dataset, "full-disk", steps=1, **fast))  # checkpoints 0 and 1
     config = make_config(dataset, "full-disk", steps=2, **fast)
     command = torchrun_command(config, 1)  # writes the config file the trainer reads
-    out = run_with_file_limit([sys.executable, "-m", "training", *command[command.index("--config"):]], 200 << 10)
+    out = run_with_file_limit(
+        [sys.executable, "-m", "training", *command[command.index("--config") :]], 200 << 10
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     checkpoints = config.run_dir() / "checkpoints"
     error = next(line for line in out.stderr.splitlines() if line.startswith("training: error:"))
     assert f"no space left to write checkpoint step 2 to {checkpoints}: it needs " in error
     assert "ulimit -f" in error
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-0000000", "step-0000001"]  # nothing partial
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "step-0000000",
+        "step-0000001",
+    ]  # nothing partial
     assert newest_valid(checkpoints).step == 1
 
     result = train(config)  # room again: resumes from step 1 and finishes

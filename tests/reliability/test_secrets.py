@@ -42,12 +42,15 @@ def curate_toml(path: Path, corpus: dict[str, Path], mix_seed: int) -> Path:
     path.write_text(
         "\n".join(
             [
-                *[f'[[ingest.sources]]\nname = "{n}"\nkind = "{"code" if n == "code" else "prose"}"\n'
-                  f'format = "files"\npath = "{p}"\n' for n, p in corpus.items()],
-                '[shards]\nvocab_size = 300\nseq_len = 32\ntokenizer_sample_mb = 1.0\n',
-                '[gates]\nmin_documents = 10\nmin_tokens = 1000\n',
-                f'[mix]\nseed = {mix_seed}\n',
-                '[retry]\nretries = 1\nbackoff_seconds = 0.05\n',
+                *[
+                    f'[[ingest.sources]]\nname = "{n}"\nkind = "{"code" if n == "code" else "prose"}"\n'
+                    f'format = "files"\npath = "{p}"\n'
+                    for n, p in corpus.items()
+                ],
+                "[shards]\nvocab_size = 300\nseq_len = 32\ntokenizer_sample_mb = 1.0\n",
+                "[gates]\nmin_documents = 10\nmin_tokens = 1000\n",
+                f"[mix]\nseed = {mix_seed}\n",
+                "[retry]\nretries = 1\nbackoff_seconds = 0.05\n",
             ]
         )  # fmt: skip
     )
@@ -109,7 +112,11 @@ def test_no_credential_appears_in_logs_artifacts_metadata_files_or_errors(tmp_pa
         from_file_only = {k: v for k, v in env.items() if not k.startswith("LAKECTL_CREDENTIALS")}
 
         first = tokenlake(
-            "curate", "--config", str(curate_toml(tmp_path / "v1.toml", corpus, 0)), "--json", env=from_file_only
+            "curate",
+            "--config",
+            str(curate_toml(tmp_path / "v1.toml", corpus, 0)),
+            "--json",
+            env=from_file_only,
         )
         assert first.returncode == 0, first.stderr[-3000:]
         v1 = json.loads(first.stdout)["tag"]
@@ -126,7 +133,9 @@ def test_no_credential_appears_in_logs_artifacts_metadata_files_or_errors(tmp_pa
         assert refused.returncode != 0 and "401" in refused.stderr + refused.stdout
         double.faults = FaultConfig(error_rate=1.0)  # lakeFS down: the adapter's own error text
         with pytest.raises(TransientError) as down:
-            LakeFSRepo.connect(double.endpoint, key_id, secret, REPOSITORY, retry=RetryPolicy(attempts=2)).resolve(v1)
+            LakeFSRepo.connect(
+                double.endpoint, key_id, secret, REPOSITORY, retry=RetryPolicy(attempts=2)
+            ).resolve(v1)
         tokenlake.output.append(str(down.value))
         double.faults = FaultConfig()
 

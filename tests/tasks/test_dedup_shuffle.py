@@ -53,7 +53,9 @@ def bucketed(repo: LocalRepo, branch: str, input_commit: str, config: DedupConfi
     return result, rows_by_id(kept, *KEPT), removed
 
 
-@pytest.mark.parametrize(("buckets", "slice_bytes"), [(1, 16 << 20), (3, 16 << 20), (8, 16 << 20), (1, 8192), (3, 4096)])
+@pytest.mark.parametrize(
+    ("buckets", "slice_bytes"), [(1, 16 << 20), (3, 16 << 20), (8, 16 << 20), (1, 8192), (3, 4096)]
+)
 def test_the_bucketed_plan_decides_every_row_as_the_in_memory_plan(tmp_path, buckets, slice_bytes):
     parts = corpus(7)
     config = DedupConfig(buckets=buckets, bucket_window=4, slice_bytes=slice_bytes)

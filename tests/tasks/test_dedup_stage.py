@@ -130,7 +130,9 @@ def test_stage_writes_survivors_quarantine_report_index_and_one_commit(repo, tmp
     documents_written = read_all(repo, result.commit_id, f"{folder}/documents")
     contents_written = read_all(repo, result.commit_id, f"{folder}/contents")
     assert documents_written.num_rows == 9, "every new document, bucketed by id"
-    assert contents_written.num_rows == 7, "every new text once (b, b_ws and b_code share one), bucketed by content"
+    assert contents_written.num_rows == 7, (
+        "every new text once (b, b_ws and b_code share one), bucketed by content"
+    )
     assert contents_written.schema.field("signature").type.list_size == 256
     assert json.loads(repo.get(result.commit_id, f"{folder}/run.json"))["buckets"] == DedupConfig().buckets
     assert not list(repo.list(result.commit_id, "_scratch/")), "the shuffle's scratch files are not committed"

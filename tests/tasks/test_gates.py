@@ -116,9 +116,15 @@ def test_validate_gate_blocks_the_stage_when_a_filter_removes_too_much(tmp_path:
     (tmp_path / "docs" / "short.txt").write_text("Only a few words here.")
     repo = open_repo(str(tmp_path / "repo"))
     repo.create_branch("curate-v", "main")
-    ingested = run_stage(run_ingest, repo, "curate-v", repo.resolve("curate-v"), IngestConfig(
+    ingested = run_stage(
+        run_ingest,
+        repo,
+        "curate-v",
+        repo.resolve("curate-v"),
+        IngestConfig(
             sources=[SourceConfig(name="docs", kind="prose", format="files", path=str(tmp_path / "docs"))]
-        ))
+        ),
+    )
     only_word_count = {
         "prose": dict.fromkeys(PROSE_RULES, {}) | {"word_count": {"min": 6}},
         "langid": {"enabled": False},
@@ -154,7 +160,9 @@ def test_a_gate_on_a_sample_says_so_in_the_report_the_commit_and_the_data_docs(t
     repo.create_branch("curate-s", "main")
     base = repo.resolve("curate-s")
     source = SourceConfig(name="docs", kind="prose", format="files", path=str(tmp_path / "docs"))
-    sampled = run_stage(run_ingest, repo, "curate-s", base, IngestConfig(sources=[source], gate={"max_rows": 2}))
+    sampled = run_stage(
+        run_ingest, repo, "curate-s", base, IngestConfig(sources=[source], gate={"max_rows": 2})
+    )
 
     gate = sampled.report["expectations"]
     run_name = f"ingest-{base[:12]}-sample-2-of-5"
@@ -172,7 +180,9 @@ def test_a_gate_on_a_sample_says_so_in_the_report_the_commit_and_the_data_docs(t
     whole = run_stage(run_ingest, repo, "curate-a", base, IngestConfig(sources=[source]))
     assert whole.report["expectations"]["sampled"] is False
     assert whole.report["expectations"]["run_name"] == f"ingest-{base[:12]}-all-5"
-    assert "checked all 5 documents" in _docs(repo, whole.commit_id, "ingest")["expectations/raw_documents.html"]
+    assert (
+        "checked all 5 documents" in _docs(repo, whole.commit_id, "ingest")["expectations/raw_documents.html"]
+    )
 
 
 def test_data_docs_render_offline_with_local_bootstrap_and_jquery(tmp_path: Path) -> None:
@@ -194,4 +204,6 @@ def test_data_docs_render_offline_with_local_bootstrap_and_jquery(tmp_path: Path
         assert not [url for url in loads if re.match(r"https?://", url)], f"{name} loads from the network"
         assert any(url.endswith("static/vendor/bootstrap.min.css") for url in loads), name
         for url in loads:
-            assert os.path.normpath(Path(name).parent / url) in files, f"{name} loads {url}, not in the Data Docs"
+            assert os.path.normpath(Path(name).parent / url) in files, (
+                f"{name} loads {url}, not in the Data Docs"
+            )

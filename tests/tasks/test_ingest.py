@@ -193,7 +193,9 @@ def test_ingest_stage_writes_parts_quarantine_report_and_commit(
     repo = open_repo(str(tmp_path / "repo"))
     repo.create_branch("curate-a", "main")
     base = repo.resolve("curate-a")
-    config = IngestConfig(sources=sources, max_files_per_partition=3, partition_bytes=250)  # one part per partition
+    config = IngestConfig(
+        sources=sources, max_files_per_partition=3, partition_bytes=250
+    )  # one part per partition
 
     result = ingest_task.fn(str(tmp_path / "repo"), "curate-a", config, base, "run-1")
 
@@ -205,7 +207,9 @@ def test_ingest_stage_writes_parts_quarantine_report_and_commit(
         "raw/lines/part-00000.parquet",
         "raw/lines/part-00001.parquet",
     ]
-    assert "quarantine/ingest/docs/part-00002.parquet" in paths, "named after its partition, like the kept part"
+    assert "quarantine/ingest/docs/part-00002.parquet" in paths, (
+        "named after its partition, like the kept part"
+    )
     assert "reports/data_docs/ingest/index.html" in paths
     raw = pa.concat_tables(read_parts(repo, result.commit_id, "raw/docs"))
     assert raw.num_rows == 7 and raw.schema == DOCUMENT_SCHEMA

@@ -230,5 +230,8 @@ def test_utf16_with_a_bom_is_read_and_broken_utf16_says_at_which_byte(tmp_path: 
     assert found == {
         "odd_length.txt": ("undecodable", "invalid UTF-16 at byte 142: truncated data"),
         "lone_surrogate.txt": ("undecodable", "invalid UTF-16 at byte 6: illegal UTF-16 surrogate"),
-        "controls.txt": ("binary", "more than binary_control_fraction 0.05 of the text is control characters"),
+        "controls.txt": (
+            "binary",
+            "more than binary_control_fraction 0.05 of the text is control characters",
+        ),
     }

@@ -50,10 +50,22 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )  # fmt: skip
 PROFILE = settings.get_profile("tokenlake-long" if LONG_RUN else "tokenlake-ci")
-ENCODINGS = ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "latin-1", "cp1252", "shift_jis"]
+ENCODINGS = [
+    "utf-8",
+    "utf-8-sig",
+    "utf-16",
+    "utf-16-le",
+    "utf-16-be",
+    "utf-32",
+    "latin-1",
+    "cp1252",
+    "shift_jis",
+]
 
 
-def ingest(source: SourceConfig, config: IngestConfig, files: list[tuple[str, str]]) -> tuple[pa.Table, pa.Table]:
+def ingest(
+    source: SourceConfig, config: IngestConfig, files: list[tuple[str, str]]
+) -> tuple[pa.Table, pa.Table]:
     kept, quarantined = [], []
     for partition in plan_partitions(source, config, files=files):
         k, q = ingest_partition(source, partition, config)
@@ -82,6 +94,7 @@ def only_config_errors(source: SourceConfig) -> None:
 
 # ---- files ----------------------------------------------------------------------------------------
 
+
 def encoded_text(draw) -> bytes:
     text = draw(st.text(max_size=300))
     encoding = draw(st.sampled_from(ENCODINGS))
@@ -90,7 +103,9 @@ def encoded_text(draw) -> bytes:
 
 @st.composite
 def file_payloads(draw) -> tuple[str, bytes]:
-    kind = draw(st.sampled_from(["bytes", "text", "gzip", "zstd", "utf16-bom-le", "utf16-bom-be", "utf8-bom"]))
+    kind = draw(
+        st.sampled_from(["bytes", "text", "gzip", "zstd", "utf16-bom-le", "utf16-bom-be", "utf8-bom"])
+    )
     data = draw(st.binary(max_size=2048)) if kind == "bytes" or draw(st.booleans()) else encoded_text(draw)
     if kind == "gzip":
         return ".gz", gzip.compress(data)
@@ -119,7 +134,9 @@ def test_any_bytes_as_files_are_kept_or_quarantined_with_a_reason(payloads, max_
             path.write_bytes(data)
             files.append((str(path), path.name))
         source = SourceConfig(name="fuzz", kind="prose", format="files", path=tmp, min_chars=min_chars)
-        kept, quarantined = ingest(source, IngestConfig(max_doc_bytes=max_doc_bytes, partition_bytes=1024), files)
+        kept, quarantined = ingest(
+            source, IngestConfig(max_doc_bytes=max_doc_bytes, partition_bytes=1024), files
+        )
         check_accounting(kept, quarantined, len(files))
         only_config_errors(source)
 
@@ -128,7 +145,9 @@ def test_any_bytes_as_files_are_kept_or_quarantined_with_a_reason(payloads, max_
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=80),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -220,7 +239,9 @@ COLUMN_TYPES = {
 @st.composite
 def parquet_tables(draw) -> tuple[pa.Table, str, bool]:
     rows = draw(st.integers(0, 40))
-    names = draw(st.lists(st.sampled_from(["text", "id", "body", "meta", "x"]), min_size=1, max_size=4, unique=True))
+    names = draw(
+        st.lists(st.sampled_from(["text", "id", "body", "meta", "x"]), min_size=1, max_size=4, unique=True)
+    )
     columns = {}
     for name in names:
         kind = draw(st.sampled_from(sorted(COLUMN_TYPES)))
@@ -253,7 +274,9 @@ def test_any_parquet_schema_and_null_pattern_is_kept_or_quarantined_with_a_reaso
         path = Path(tmp, "rows.parquet")
         pq.write_table(table, path, row_group_size=row_group_size)
         source = SourceConfig(name="fuzz", kind="prose", format="parquet", path=str(path), id_field=id_field)
-        kept, quarantined = ingest(source, IngestConfig(partition_bytes=partition_bytes), [(str(path), path.name)])
+        kept, quarantined = ingest(
+            source, IngestConfig(partition_bytes=partition_bytes), [(str(path), path.name)]
+        )
         if parquet_problem(table, id_field):
             check_accounting(kept, quarantined, 1)  # the whole file, once, whatever its row groups
             assert quarantined.column("reason").to_pylist() == ["wrong_parquet_schema"]

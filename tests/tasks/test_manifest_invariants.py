@@ -58,14 +58,19 @@ MUTATIONS: dict[str, Callable[[Manifest], Manifest]] = {
     "shard_paths": lambda m: _with_entry(m, 0, name="shards/code/part-0.bin"),
     "checksums": lambda m: _with_entry(m, 0, sha256="not-a-digest"),
     "tokens_per_sequence": lambda m: Manifest.build(
-        [m.shards[0].model_copy(update={"tokens": 13, "bytes": HEADER_SIZE + 26}), *m.shards[1:]], **m._fields()
+        [m.shards[0].model_copy(update={"tokens": 13, "bytes": HEADER_SIZE + 26}), *m.shards[1:]],
+        **m._fields(),
     ),
     "file_sizes": lambda m: _with_entry(m, 0, bytes=m.shards[0].bytes + 1),
     "source_sequences": lambda m: m.model_copy(
         update={"sources": m.sources | {"code": {"sequences": 4, "tokens": 12}}}
     ),
-    "source_tokens": lambda m: m.model_copy(update={"sources": m.sources | {"code": {"sequences": 3, "tokens": 13}}}),
-    "total_sequences": lambda m: m.model_copy(update={"totals": {"sequences": 13, "tokens": m.totals["tokens"]}}),
+    "source_tokens": lambda m: m.model_copy(
+        update={"sources": m.sources | {"code": {"sequences": 3, "tokens": 13}}}
+    ),
+    "total_sequences": lambda m: m.model_copy(
+        update={"totals": {"sequences": 13, "tokens": m.totals["tokens"]}}
+    ),
     "total_tokens": lambda m: m.model_copy(update={"totals": {"sequences": 12, "tokens": 1}}),
     "sources_have_shards": lambda m: m.model_copy(
         update={"sources": m.sources | {"wiki": {"sequences": 0, "tokens": 0}}}
@@ -85,7 +90,9 @@ def test_the_suite_checks_exactly_the_listed_invariants_with_the_same_reasons():
 
 
 def _gx_broken(manifest: Manifest) -> set[str]:
-    outcome = run_gate([manifest_check(manifest)], "shard-test", Coverage.everything(len(manifest.shards), "shards"))
+    outcome = run_gate(
+        [manifest_check(manifest)], "shard-test", Coverage.everything(len(manifest.shards), "shards")
+    )
     (suite,) = outcome.suites
     return {e["meta"]["invariant"] for e in suite["expectations"] if not e["success"]}
 

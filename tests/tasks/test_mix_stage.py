@@ -82,7 +82,9 @@ def test_mix_stage_writes_the_resolved_plan_and_commits_it(repo, tmp_path):
     commit = repo.get_commit(result.commit_id)
     assert commit.metadata["stage"] == "mix" and commit.metadata["mix_sha256"] == plan.sha256()
     assert commit.metadata["input_commit"] == input_commit and commit.metadata["flow_run_id"] == "flow-1"
-    assert commit.message == f"mix: 10000 samples over 3 sources, mix {plan.sha256()[:12]}", "not 'kept 0 of 0'"
+    assert commit.message == f"mix: 10000 samples over 3 sources, mix {plan.sha256()[:12]}", (
+        "not 'kept 0 of 0'"
+    )
     total = stage_table(result.report)[-1]
     assert total["source"] == "(all)" and total["tokens"] == 10_000 * SEQ_LEN
     assert "documents_in" not in total and "kept" not in total, "mix reads no documents: no '0 in, 0 kept'"
@@ -97,7 +99,9 @@ def test_a_spec_that_cannot_be_met_fails_before_writing_anything(repo):
         run_stage(run_mix, repo, "main", input_commit, spec)
     assert not repo.exists("main", MIX) and repo.resolve("main") == input_commit
     with pytest.raises(MixSpecError, match="name source 'books', which is not in the manifest"):
-        run_stage(run_mix, repo, "main", input_commit, MixSpec(weights={"web": 0.5, "code": 0.25, "books": 0.25}))
+        run_stage(
+            run_mix, repo, "main", input_commit, MixSpec(weights={"web": 0.5, "code": 0.25, "books": 0.25})
+        )
     with pytest.raises(ValidationError, match="weights in the spec sum to 0.75, not 1"):
         MixSpec(weights={"web": 0.5, "code": 0.25})
 

@@ -27,7 +27,31 @@ from tasks.shard.pack import (
 from tasks.tokenize import Encoder, train_tokenizer
 
 EOD = "<|endoftext|>"
-WORDS = ["the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "this", "are", "or", "from", "at", "which"]
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "a",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "this",
+    "are",
+    "or",
+    "from",
+    "at",
+    "which",
+]
 
 
 def docs(texts: list[str | None], weights: list[float | None] | None = None, prefix: str = "d") -> pa.Table:

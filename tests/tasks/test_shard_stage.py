@@ -27,7 +27,33 @@ from tasks.tokenize import TokenizerError, load_tokenizer, train_tokenizer
 from versioning import DataRepo
 from versioning.local import LocalRepo
 
-WORDS = ["the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "this", "are", "or", "from", "at", "which", "def", "return"]
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "a",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "this",
+    "are",
+    "or",
+    "from",
+    "at",
+    "which",
+    "def",
+    "return",
+]
 SMALL = ShardConfig(vocab_size=400, seq_len=31, max_sequences_per_shard=40, batch_documents=64)
 
 

@@ -37,7 +37,11 @@ class Dataset:
 
 
 def make_dataset(
-    home: Path, branch: str = "main", seed: int = 0, sources: dict[str, int] = SOURCES, shards_per_source: int = 2
+    home: Path,
+    branch: str = "main",
+    seed: int = 0,
+    sources: dict[str, int] = SOURCES,
+    shards_per_source: int = 2,
 ) -> Dataset:
     repo_path = home / "repo"
     repo = LocalRepo(repo_path)

@@ -28,7 +28,9 @@ def records(run_dir, kind):
 @pytest.mark.slow
 def test_sigkill_of_the_active_loader_20_times_on_two_ranks_never_restarts_and_changes_no_loss(dataset):
     uninterrupted = make_config(dataset, "loader-calm", steps=STEPS)
-    killed = make_config(dataset, "loader-killed", steps=STEPS, faults=FaultConfig(kill_loader_at_batches=KILLS))
+    killed = make_config(
+        dataset, "loader-killed", steps=STEPS, faults=FaultConfig(kill_loader_at_batches=KILLS)
+    )
     for config in (uninterrupted, killed):
         result = torchrun(config, nproc=2)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -60,7 +62,9 @@ def test_sigkill_of_the_active_loader_20_times_on_two_ranks_never_restarts_and_c
 
 def test_a_loader_that_stops_answering_is_killed_and_its_shadow_takes_over(dataset, tmp_path):
     data = dict(heldout_fraction=0.05, eval_sequences=16, prefetch_batches=2)
-    reference = make_config(dataset, "stop-ref", home=str(tmp_path / "ref"), data=DataConfig(loader="thread", **data))
+    reference = make_config(
+        dataset, "stop-ref", home=str(tmp_path / "ref"), data=DataConfig(loader="thread", **data)
+    )
     stopped = make_config(
         dataset, "stopped", home=str(tmp_path / "stopped"), faults=FaultConfig(stop_loader_at_batches=(3,)),
         data=DataConfig(loader_timeout_s=1.0, **data),

@@ -26,7 +26,9 @@ SHARDS_PER_SOURCE = 100  # 200 shards of 4-6 sequences: each step of 4 samples t
 
 @pytest.fixture(scope="module")
 def many_shards(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("many"), sources=MANY_SOURCES, shards_per_source=SHARDS_PER_SOURCE)
+    return make_dataset(
+        tmp_path_factory.mktemp("many"), sources=MANY_SOURCES, shards_per_source=SHARDS_PER_SOURCE
+    )
 
 
 def small_steps(ds, run, home, steps=24, **data):
@@ -47,7 +49,9 @@ def test_training_on_shards_ten_times_the_cache_cap_equals_the_fully_downloaded_
     ds = many_shards
     # the fully downloaded run: every shard copied and verified before training starts
     full = small_steps(ds, "full", tmp_path / "full", loader="thread")
-    open_dataset(LocalRepo(ds.repo), str(ds.repo), ds.commit, ShardCache(full.cache_dir()), 0.05, True, lambda: None)
+    open_dataset(
+        LocalRepo(ds.repo), str(ds.repo), ds.commit, ShardCache(full.cache_dir()), 0.05, True, lambda: None
+    )
     train(full)
 
     sizes = shard_bytes(ds)
@@ -118,7 +122,9 @@ def test_shards_are_fetched_in_the_order_the_sample_order_needs_them_not_file_or
     assert len(fetched) < len(dataset.entries), "a run reading part of a commit fetches only that part"
 
 
-def test_the_cap_evicts_the_shards_needed_furthest_ahead_and_never_those_of_the_next_steps(many_shards, tmp_path):
+def test_the_cap_evicts_the_shards_needed_furthest_ahead_and_never_those_of_the_next_steps(
+    many_shards, tmp_path
+):
     ds = many_shards
     repo = LocalRepo(ds.repo)
     _, manifest, _ = read_binding(repo, str(ds.repo), ds.commit)
@@ -166,7 +172,9 @@ def test_processes_sharing_a_cache_fetch_each_shard_once(many_shards, tmp_path):
     fetchers = [
         subprocess.Popen(
             [sys.executable, "-c", FETCH_ALL, str(ds.repo), ds.commit, str(cache_dir), str(seed)],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for seed in range(4)
     ]
@@ -221,7 +229,11 @@ def test_a_shard_refused_for_room_while_the_needs_moved_on_is_fetched_when_neede
     a, b, x = 0, 1, 2
     sizes = [dataset.entries[s].bytes for s in (a, b)]
     cache = GatedCache(
-        tmp_path / "cache", dataset.entries[x].name, max_bytes=sum(sizes), protect_steps=1, warn=lambda _: None
+        tmp_path / "cache",
+        dataset.entries[x].name,
+        max_bytes=sum(sizes),
+        protect_steps=1,
+        warn=lambda _: None,
     )
     stream = ShardStream(cache, lambda: repo, ds.commit, dataset, workers=1)
     try:

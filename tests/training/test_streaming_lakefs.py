@@ -73,7 +73,13 @@ def healthy(tmp_path_factory):
 def shard_first_needed_at(ds, step: int) -> str:
     """A shard that no step before ``step`` reads and step ``step`` does (from the sample order alone)."""
     _, dataset = open_dataset(
-        LocalRepo(ds.repo), str(ds.repo), ds.commit, ShardCache(ds.home / "plan-cache"), 0.05, True, lambda: None
+        LocalRepo(ds.repo),
+        str(ds.repo),
+        ds.commit,
+        ShardCache(ds.home / "plan-cache"),
+        0.05,
+        True,
+        lambda: None,
     )
     seen, cursor = set(), 0
     for k in range(1, STEPS + 1):
@@ -100,7 +106,11 @@ class Outage:
         self.thread.start()
 
     def on_request(self, operation: str, query: dict) -> None:
-        if not self.started.is_set() and operation in ("statObject", "getObject") and query.get("path") == [self.target]:
+        if (
+            not self.started.is_set()
+            and operation in ("statObject", "getObject")
+            and query.get("path") == [self.target]
+        ):
             self.started.set()
             self.injected_before = sum(self.double.injected.values())
             self.double.faults = OUTAGE
@@ -130,7 +140,13 @@ def test_training_waits_out_faults_and_an_outage_says_why_and_finishes_bit_exact
         repo = connect(double, repository="stream")
         repo.ensure()
         commit = publish_synthetic_dataset(
-            repo, "main", SOURCES, seq_len=32, vocab_size=256, total_samples=1200, shards_per_source=SHARDS_PER_SOURCE
+            repo,
+            "main",
+            SOURCES,
+            seq_len=32,
+            vocab_size=256,
+            total_samples=1200,
+            shards_per_source=SHARDS_PER_SOURCE,
         )
         double.faults = FAULTS
         run = config("over-lakefs", tmp_path / "home", "lakefs://stream", commit)
@@ -162,7 +178,13 @@ def test_a_shard_failing_verification_twice_stops_the_run_naming_it(healthy, tmp
         repo = connect(double, repository="broken")
         repo.ensure()
         publish_synthetic_dataset(
-            repo, "main", SOURCES, seq_len=32, vocab_size=256, total_samples=1200, shards_per_source=SHARDS_PER_SOURCE
+            repo,
+            "main",
+            SOURCES,
+            seq_len=32,
+            vocab_size=256,
+            total_samples=1200,
+            shards_per_source=SHARDS_PER_SOURCE,
         )
         manifest = json.loads(repo.get("main", "shards/manifest.json"))
         (entry,) = [e for e in manifest["shards"] if e["name"] == target]
@@ -171,6 +193,8 @@ def test_a_shard_failing_verification_twice_stops_the_run_naming_it(healthy, tmp
         commit = repo.commit("main", "a manifest with a wrong checksum").id
         Manifest.from_json(repo.get(commit, "shards/manifest.json"))  # still a valid manifest
         double.faults = FAULTS
-        with pytest.raises(DataError, match=rf"shard {target} at commit {commit} has sha256 .* \(fetched twice\)"):
+        with pytest.raises(
+            DataError, match=rf"shard {target} at commit {commit} has sha256 .* \(fetched twice\)"
+        ):
             train(config("broken", tmp_path / "home", "lakefs://broken", commit))
         assert double.violations == []

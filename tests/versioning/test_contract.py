@@ -442,7 +442,24 @@ def test_git_style_tag_names_are_accepted(repo: DataRepo, tag: str):
 
 
 @pytest.mark.parametrize(
-    "tag", ["", "@", "v1.", "v1.lock", "a..b", "a/b", "a@{1}", "a^b", "a:b", "a?b", "a*b", "a[b", "a\\b", "a b", "a\tb"]
+    "tag",
+    [
+        "",
+        "@",
+        "v1.",
+        "v1.lock",
+        "a..b",
+        "a/b",
+        "a@{1}",
+        "a^b",
+        "a:b",
+        "a?b",
+        "a*b",
+        "a[b",
+        "a\\b",
+        "a b",
+        "a\tb",
+    ],
 )
 def test_tag_names_lakefs_refuses_are_refused(repo: DataRepo, tag: str):
     with pytest.raises(InvalidPath):

@@ -290,7 +290,9 @@ def test_a_storage_namespace_in_use_fails_with_one_sentence_naming_the_fix(tmp_p
     with LakeFSDouble(tmp_path / "backing") as double:
         repo = connect(double, "reborn")
         repo.ensure()
-        client = lakefs.Client(host=double.endpoint, username=double.access_key_id, password=double.secret_access_key)
+        client = lakefs.Client(
+            host=double.endpoint, username=double.access_key_id, password=double.secret_access_key
+        )
         lakefs.Repository("reborn", client=client).delete()  # lakeFS keeps a deleted repository's namespace
         with pytest.raises(Conflict, match="already in use") as caught:
             repo.ensure()

@@ -89,7 +89,9 @@ def test_bad_endpoints_are_refused(endpoint: str, expected: str):
     assert "TopSecret123" not in one_sentence(caught.value)
 
 
-@pytest.mark.parametrize(("key", "secret", "expected"), [("", "s", "access key id"), ("k", "", "secret access key")])
+@pytest.mark.parametrize(
+    ("key", "secret", "expected"), [("", "s", "access key id"), ("k", "", "secret access key")]
+)
 def test_empty_credentials_are_refused(key: str, secret: str, expected: str):
     with pytest.raises(LakeFSConfigError, match=f"{expected} is empty"):
         LakeFSRepo.connect("http://localhost:8000", key, secret, "demo")

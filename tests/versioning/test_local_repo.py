@@ -72,7 +72,9 @@ def test_a_commit_is_the_first_call_of_a_fresh_handle(tmp_path: Path):
     LocalRepo(tmp_path / "repo").ensure()
     fresh = LocalRepo(tmp_path / "repo")  # its object store is opened lazily, inside the commit
     fresh.create_branch("lock", "main")
-    commit = fresh.commit("lock", "an empty commit, as the publish lock makes", {"stage": "lock"}, allow_empty=True)
+    commit = fresh.commit(
+        "lock", "an empty commit, as the publish lock makes", {"stage": "lock"}, allow_empty=True
+    )
     assert fresh.resolve("lock") == commit.id
 
 

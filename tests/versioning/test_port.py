@@ -7,7 +7,17 @@ import pytest
 from versioning import InvalidPath, validate_key, validate_path
 from versioning.port import user_metadata, validate_metadata
 
-LAKEFS_KEYS_THAT_ARE_NOT_SAFE_PATHS = ["a//b", "dir/", "/abs", "a/../b", "./a", "..", "nul\x00byte", "C:x", "\\x"]
+LAKEFS_KEYS_THAT_ARE_NOT_SAFE_PATHS = [
+    "a//b",
+    "dir/",
+    "/abs",
+    "a/../b",
+    "./a",
+    "..",
+    "nul\x00byte",
+    "C:x",
+    "\\x",
+]
 
 
 @pytest.mark.parametrize("key", LAKEFS_KEYS_THAT_ARE_NOT_SAFE_PATHS)
@@ -33,5 +43,8 @@ def test_what_lakefs_refuses_both_refuse(key):
 def test_lakefs_metadata_keys_are_refused_from_callers_and_hidden_from_them():
     with pytest.raises(InvalidPath, match=r"\.lakefs\."):
         validate_metadata({".lakefs.merge.strategy": "dest-wins"})
-    assert validate_metadata({"lakefs.note": "x", "stage": "ingest"}) == {"lakefs.note": "x", "stage": "ingest"}
+    assert validate_metadata({"lakefs.note": "x", "stage": "ingest"}) == {
+        "lakefs.note": "x",
+        "stage": "ingest",
+    }
     assert user_metadata({".lakefs.merge.strategy": "default", "stage": "publish"}) == {"stage": "publish"}

@@ -103,7 +103,9 @@ class ObjectStore:
                 return open(path, "rb")  # noqa: SIM115 - the caller closes it
             except FileNotFoundError:
                 continue
-        raise NotFound(f"object file for {label} ({self.algorithm} {sha256}) is missing from the store") from None
+        raise NotFound(
+            f"object file for {label} ({self.algorithm} {sha256}) is missing from the store"
+        ) from None
 
     def make_durable(self, digests: set[str]) -> None:
         """Move the pending objects among ``digests`` to their content address, durably: one

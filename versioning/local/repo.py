@@ -78,7 +78,12 @@ class LocalRepo:
     """A DataRepo in a local directory, safe for many threads and processes at once."""
 
     def __init__(
-        self, root: Path | str, name: str | None = None, *, durable: bool = True, object_hash: str | None = None
+        self,
+        root: Path | str,
+        name: str | None = None,
+        *,
+        durable: bool = True,
+        object_hash: str | None = None,
     ):
         """``durable=False`` skips fsync: still safe against a killed process, not a power loss.
         ``object_hash`` names the objects of a repository that ``ensure()`` creates (default
@@ -140,7 +145,10 @@ class LocalRepo:
                 conn.execute("INSERT INTO branches(name, head) VALUES (?, ?)", (default_branch, row.id))
                 conn.execute("INSERT INTO meta(key, value) VALUES ('default_branch', ?)", (default_branch,))
                 conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('name', ?)", (self.name,))
-                conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('object_hash', ?)", (self._new_object_hash,))
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta(key, value) VALUES ('object_hash', ?)",
+                    (self._new_object_hash,),
+                )
         self._store = None  # the object hash is recorded now
         try:
             self._objects.create()
@@ -345,7 +353,9 @@ class LocalRepo:
             self._require_clean(conn, destination, ours.tree, "merging into it")
             theirs = self._commit(conn, self._resolve(conn, source))
             if hooks_ran and (theirs.id, ours.id) != (event.source_commit, event.destination_head):
-                raise Conflict(f"{source!r} or {destination!r} moved while the pre-merge hooks ran; merge again")
+                raise Conflict(
+                    f"{source!r} or {destination!r} moved while the pre-merge hooks ran; merge again"
+                )
             base_id = graph.merge_base(conn, ours.id, theirs.id)
             base_tree = self._commit(conn, base_id).tree if base_id else trees.EMPTY_TREE
             changes, conflicts = trees.three_way(conn, base_tree, ours.tree, theirs.tree)
@@ -480,7 +490,9 @@ class LocalRepo:
                 for _ in range(count):
                     parents = self._commit(conn, cid).parents
                     if not parents:
-                        raise NotFound(f"ref {ref!r} not found in repository {str(self.root)!r}: no such ancestor")
+                        raise NotFound(
+                            f"ref {ref!r} not found in repository {str(self.root)!r}: no such ancestor"
+                        )
                     cid = parents[0]
             elif count > 0:  # "^0" is the commit itself
                 parents = self._commit(conn, cid).parents
@@ -503,7 +515,9 @@ class LocalRepo:
             if len(found) == 1:
                 return found[0], None
             if len(found) > 1:
-                raise NotFound(f"ref {ref!r} is an ambiguous commit id prefix in repository {str(self.root)!r}")
+                raise NotFound(
+                    f"ref {ref!r} is an ambiguous commit id prefix in repository {str(self.root)!r}"
+                )
         raise NotFound(f"ref {ref!r} not found in repository {str(self.root)!r}")
 
     def _branch_head(self, conn: sqlite3.Connection, branch: str) -> str:
