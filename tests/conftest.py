@@ -54,3 +54,9 @@ def prefect_harness():
 @pytest.fixture
 def repo_root() -> Path:
     return _ROOT
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from tests.lakefs_real import stop_real_lakefs
+
+    stop_real_lakefs()

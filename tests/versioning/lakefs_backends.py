@@ -1,5 +1,5 @@
 """The lakeFS backends of the contract suite: LakeFSRepo over the API double (with and
-without faults) and over a real lakeFS when one is configured.
+without faults) and over the session's real lakeFS (``tests/lakefs_real``).
 
 The double's validation mode is on: a backend fails its test if any request or response
 broke the official spec (a request that breaks it is also answered 400, as lakeFS does), or
@@ -8,7 +8,6 @@ if the SDK called an endpoint the double does not implement.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -16,15 +15,11 @@ from pathlib import Path
 
 import lakefs
 import lakefs.exceptions
-import pytest
 
 from tests.lakefs_double import FaultConfig, LakeFSDouble
+from tests.lakefs_real import real_lakefs
 from versioning import DataRepo
 from versioning.lakefs import LakeFSRepo, RetryPolicy
-
-REAL_ENDPOINT_ENV = "TOKENLAKE_LAKEFS_ENDPOINT"
-REAL_ACCESS_KEY_ENV = "TOKENLAKE_LAKEFS_ACCESS_KEY_ID"
-REAL_SECRET_KEY_ENV = "TOKENLAKE_LAKEFS_SECRET_ACCESS_KEY"
 
 # Retries fast enough for tests, patient enough that 20% faults never exhaust them
 # (six failures in a row: 0.2**6, about one call in 15,000).
@@ -60,18 +55,22 @@ def faulty_double_backend(workdir: Path) -> AbstractContextManager[DataRepo]:
 
 @contextmanager
 def real_backend(workdir: Path) -> Iterator[DataRepo]:
-    endpoint = os.environ.get(REAL_ENDPOINT_ENV)
-    access_key, secret = os.environ.get(REAL_ACCESS_KEY_ENV), os.environ.get(REAL_SECRET_KEY_ENV)
-    if not (endpoint and access_key and secret):
-        pytest.skip(
-            f"no real lakeFS: set {REAL_ENDPOINT_ENV}, {REAL_ACCESS_KEY_ENV} and {REAL_SECRET_KEY_ENV} to run"
-        )
+    """A fresh repository on the session's real lakeFS (``tests/lakefs_real``), deleted afterwards."""
+    server = real_lakefs()
     name = f"tokenlake-test-{uuid.uuid4().hex[:12]}"
-    repo = LakeFSRepo.connect(endpoint, access_key, secret, name)
+    repo = LakeFSRepo.connect(
+        server.endpoint,
+        server.access_key_id,
+        server.secret_access_key,
+        name,
+        storage_namespace=f"{server.namespace_prefix}/{name}",
+    )
     try:
         yield repo
     finally:
-        client = lakefs.Client(host=endpoint, username=access_key, password=secret)
+        client = lakefs.Client(
+            host=server.endpoint, username=server.access_key_id, password=server.secret_access_key
+        )
         with suppress(lakefs.exceptions.NotFoundException):
             lakefs.Repository(name, client=client).delete()
 

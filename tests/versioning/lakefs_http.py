@@ -32,6 +32,7 @@ class Server:
     access_key_id: str = field(repr=False)
     secret_access_key: str = field(repr=False)
     double: LakeFSDouble | None = None  # set when the server is the API double
+    namespace_prefix: str | None = None  # where test repositories go (else the variable's, or local://)
     session: requests.Session = field(default_factory=requests.Session, repr=False)
 
     def request(
@@ -58,7 +59,9 @@ class Server:
 
     def namespace(self, name: str) -> str:
         """A storage namespace no repository has used (lakeFS never reuses one)."""
-        prefix = os.environ.get(NAMESPACE_PREFIX_ENV) or "local://tokenlake-behaviour"
+        prefix = (
+            self.namespace_prefix or os.environ.get(NAMESPACE_PREFIX_ENV) or "local://tokenlake-behaviour"
+        )
         return f"{prefix.rstrip('/')}/{name}-{uuid.uuid4().hex[:8]}"
 
     def create_repo(self, name: str, namespace: str) -> requests.Response:
