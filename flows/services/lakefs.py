@@ -26,19 +26,27 @@ from flows.services.process import ServiceFailed, ServiceProcess, free_port
 _KEY_ALPHABET = string.ascii_uppercase + string.digits
 
 
+class Environment(dict):
+    """Environment variables that carry credentials: their values never appear in a repr (a
+    failing test prints its fixtures' values)."""
+
+    def __repr__(self) -> str:
+        return "Environment(" + ", ".join(f"{name}=***" for name in self) + ")"
+
+
 @dataclass(frozen=True)
 class LakeFSCredentials:
     endpoint: str
     access_key_id: str = field(repr=False)
     secret_access_key: str = field(repr=False)
 
-    def lakectl_environment(self) -> dict[str, str]:
+    def lakectl_environment(self) -> Environment:
         """The variables tokenlake (and lakectl) read to reach this server."""
-        return {
-            "LAKECTL_SERVER_ENDPOINT_URL": self.endpoint,
-            "LAKECTL_CREDENTIALS_ACCESS_KEY_ID": self.access_key_id,
-            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY": self.secret_access_key,
-        }
+        return Environment(
+            LAKECTL_SERVER_ENDPOINT_URL=self.endpoint,
+            LAKECTL_CREDENTIALS_ACCESS_KEY_ID=self.access_key_id,
+            LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY=self.secret_access_key,
+        )
 
 
 def generated_credentials(endpoint: str) -> LakeFSCredentials:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 
 from tests.lakefs_double.common import (
@@ -17,7 +18,7 @@ from tests.lakefs_double.common import (
     split_metadata,
 )
 from versioning.local import LocalRepo
-from versioning.port import Change, MergeConflict, validate_branch, validate_tag
+from versioning.port import Change, HookFailed, MergeConflict, validate_branch, validate_tag
 
 VERSION = "1.84.0"
 # The local block adapter's namespace rule (pkg/block/local); the spec's own pattern is wider.
@@ -299,6 +300,26 @@ def _strict_ancestors(commits: dict, start: str) -> Iterator[str]:
         stack.extend(commits[cid].parents)
 
 
+_LOCAL_HOOK_REFUSAL = re.compile(
+    r"^pre-merge hook aborted: action (?P<action>'[^']*') hook (?P<hook>'[^']*')[: ]+(?P<why>.*)$", re.S
+)
+
+
+def lakefs_hook_refusal(destination: str, local_message: str) -> str:
+    """The local repository's refusal in the envelope lakeFS v1.84.0 sends with its 412
+    (pkg/graveler/graveler.go ErrHookAborted around pkg/actions/service.go's multierror, checked
+    against the real server by tests/versioning/test_lakefs_hook_real.py)."""
+    found = _LOCAL_HOOK_REFUSAL.match(local_message)
+    action, hook, why = (
+        (found["action"], found["hook"], found["why"]) if found else ("'?'", "'?'", local_message)
+    )
+    run_id = uuid.uuid4().hex[:20]
+    return (
+        f"update branch {destination}: pre-merge hook aborted, run id '{run_id}': 1 error occurred:\n"
+        f"\t* hook run id '0000_0000' failed on action {action} hook {hook}: action failed: {why}\n\n"
+    )
+
+
 @operation("mergeIntoBranch")
 def merge_into_branch(call: Call) -> Reply:
     if call.body_field("strategy") or call.body_field("squash_merge") or call.body_field("allow_empty"):
@@ -314,6 +335,8 @@ def merge_into_branch(call: Call) -> Reply:
     except MergeConflict:
         # lakeFS answers a conflict with an empty MergeResult and does not name the paths.
         return Reply(409, json={"reference": ""})
+    except HookFailed as refused:
+        raise ApiError(412, lakefs_hook_refusal(destination, str(refused))) from None
     call.remember_reserved(merged, {**reserved, MERGE_STRATEGY_KEY: "default"})
     return Reply(200, json={"reference": merged})
 

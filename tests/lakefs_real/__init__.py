@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flows.services.build import build, load_pins
-from flows.services.lakefs import LakeFSServer
+from flows.services.lakefs import Environment, LakeFSServer
 from flows.services.minio import MinIOServer, S3Endpoint
+from versioning.lakefs import LakeFSRepo
 
 ENDPOINT_ENV = "TOKENLAKE_LAKEFS_ENDPOINT"
 ACCESS_KEY_ENV = "TOKENLAKE_LAKEFS_ACCESS_KEY_ID"
@@ -41,13 +42,21 @@ class RealLakeFS:
     s3: S3Endpoint | None = None
     s3_bucket: str | None = None
 
-    def lakectl_environment(self) -> dict[str, str]:
-        return {
-            "LAKECTL_SERVER_ENDPOINT_URL": self.endpoint,
-            "LAKECTL_CREDENTIALS_ACCESS_KEY_ID": self.access_key_id,
-            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY": self.secret_access_key,
-            NAMESPACE_ENV: self.namespace_prefix,
-        }
+    def lakectl_environment(self) -> Environment:
+        """What tokenlake reads to reach this server, and where its repositories go."""
+        return Environment(
+            LAKECTL_SERVER_ENDPOINT_URL=self.endpoint,
+            LAKECTL_CREDENTIALS_ACCESS_KEY_ID=self.access_key_id,
+            LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY=self.secret_access_key,
+            **{NAMESPACE_ENV: self.namespace_prefix},
+        )
+
+    def connect(self, repository: str, **options) -> LakeFSRepo:
+        """A LakeFSRepo of ``repository`` on this server, in a namespace of its own."""
+        options.setdefault("storage_namespace", f"{self.namespace_prefix}/{repository}")
+        return LakeFSRepo.connect(
+            self.endpoint, self.access_key_id, self.secret_access_key, repository, **options
+        )
 
 
 _lock = threading.Lock()

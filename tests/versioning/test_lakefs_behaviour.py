@@ -419,3 +419,36 @@ def test_unknown_refs_and_objects_are_404(repo: Repo):
     assert repo.get_object("nowhere", "a").status_code == 404
     assert repo.get_object("main", "absent").status_code == 404
     assert repo.call("GET", "/commits/" + "f" * 64).status_code == 404
+
+
+# Actions: pkg/actions/service.go (hooks of the source commit's _lakefs_actions/, a multierror
+# of failed hook runs) and pkg/graveler/graveler.go (ErrHookAborted -> 412).
+
+REFUSING_ACTION = b"""name: refuse
+on:
+  pre-merge:
+    branches: [main]
+hooks:
+  - id: nope
+    type: lua
+    properties:
+      script: |
+        local hook = require("hook")
+        hook.fail("merges into " .. action.branch_id .. " are closed")
+"""
+
+
+def test_a_pre_merge_hook_refusal_is_412_in_lakefs_envelope(repo: Repo):
+    head = repo.committed("main", {"_lakefs_actions/refuse.yaml": REFUSING_ACTION})
+    assert repo.create_branch("dev").status_code == 201
+    repo.committed("dev", {"x": b"x"})
+    refused = repo.merge("dev", "main")
+    assert refused.status_code == 412
+    text = message(refused)
+    assert re.fullmatch(
+        r"update branch main: pre-merge hook aborted, run id '\w+': 1 error occurred:\n"
+        r"\t\* hook run id '0000_0000' failed on action 'refuse' hook 'nope': "
+        r"action failed: merges into main are closed\n\n",
+        text,
+    ), text
+    assert repo.head("main") == head

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,25 @@ from versioning.port import (
 
 log = logging.getLogger("versioning.lakefs")
 T = TypeVar("T")
+
+# One failed hook in lakeFS's 412 answer (pkg/actions/service.go: a multierror of
+# "hook run id '<id>' failed on action '<action>' hook '<hook>': <error>", the Lua error wrapped
+# as "action failed: <message>" and followed by its stack traceback on the next lines).
+_FAILED_HOOK = re.compile(
+    r"failed on action '(?P<action>[^']*)' hook '(?P<hook>[^']*)': (?:action failed: )?(?P<why>[^\n]*)"
+)
+
+
+def hook_refusal(reason: str) -> str:
+    """lakeFS's multi-line pre-merge refusal as one sentence, worded as the local repository's:
+    ``pre-merge hook aborted: action 'A' hook 'H': <the hook's message>``."""
+    failures = [
+        f"action {m['action']!r} hook {m['hook']!r}: {m['why'].strip()}"
+        for m in _FAILED_HOOK.finditer(reason)
+    ]
+    if not failures:
+        return " ".join(reason.split())
+    return "pre-merge hook aborted: " + "; ".join(failures)
 
 
 @dataclass(frozen=True)
@@ -164,7 +184,7 @@ class ErrorMapper:
         if status == 409:
             return ConflictFound(f"cannot {action}: {reason} ({where})")
         if status == 412 and "hook" in lowered:  # a pre-merge (or pre-commit) action refused
-            return HookFailed(f"cannot {action}: {reason} ({where})")
+            return HookFailed(f"cannot {action}: {hook_refusal(reason)} ({where})")
         if status == 412 or (
             status == 400 and ("dirty branch" in lowered or "uncommitted changes" in lowered)
         ):
