@@ -122,14 +122,32 @@ def double_backend(workdir: Path) -> Iterator[tuple[DataRepo, str]]:
 
 
 @contextmanager
-def lakectl_environment(double: Any) -> Iterator[None]:
+def real_lakefs_backend(workdir: Path) -> Iterator[tuple[DataRepo, str]]:
+    """A fresh repository on the session's real lakeFS (tests/lakefs_real), opened the lakectl way."""
+    import uuid
+
+    from tests.lakefs_real import real_lakefs
+
+    server = real_lakefs()
+    name = f"lineage-{uuid.uuid4().hex[:12]}"
+    repo = server.connect(name)
+    repo.ensure()
+    with lakectl_environment(server):
+        yield repo, f"lakefs://{name}"
+    repo._repo.delete()
+
+
+@contextmanager
+def lakectl_environment(server: Any) -> Iterator[None]:
     import os
 
     names = {
-        "LAKECTL_SERVER_ENDPOINT_URL": double.endpoint,
-        "LAKECTL_CREDENTIALS_ACCESS_KEY_ID": double.access_key_id,
-        "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY": double.secret_access_key,
+        "LAKECTL_SERVER_ENDPOINT_URL": server.endpoint,
+        "LAKECTL_CREDENTIALS_ACCESS_KEY_ID": server.access_key_id,
+        "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY": server.secret_access_key,
     }
+    if getattr(server, "namespace_prefix", None):  # a real server: where its repositories go
+        names["TOKENLAKE_LAKEFS_STORAGE_NAMESPACE"] = server.namespace_prefix
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update(names)
     try:
@@ -145,4 +163,5 @@ def lakectl_environment(double: Any) -> Iterator[None]:
 BACKENDS: dict[str, Callable[[Path], AbstractContextManager[tuple[DataRepo, str]]]] = {
     "local": local_backend,
     "lakefs-double": double_backend,
+    "lakefs-real": real_lakefs_backend,
 }

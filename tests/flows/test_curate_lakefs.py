@@ -1,4 +1,4 @@
-"""The curate flow on lakeFS (the real SDK over HTTP against the API double), with faults.
+"""The curate flow on lakeFS: on the API double with faults, and on a real lakeFS server.
 
 Published under injected faults: 503s and dropped connections on a fifth of the requests all
 run long (the adapter retries them), and a total outage while the shard stage writes that outlasts
@@ -8,8 +8,11 @@ stage's config, a failing gate.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import threading
 import time
+import uuid
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -19,8 +22,10 @@ from flows import publish_guard
 from flows.curate import curate
 from flows.wap import MAIN, RUN_BRANCH_PREFIX, flow_run_of_branch
 from formats.layout import STAGES
+from formats.shards import Manifest
 from tests.flows.curate_support import column, params_for, stage_outcomes, write_corpus
 from tests.lakefs_double import FaultConfig, LakeFSDouble
+from tests.lakefs_real import real_lakefs
 from versioning import HookFailed, NotFound
 from versioning.lakefs import LakeFSRepo, RetryPolicy
 
@@ -167,3 +172,54 @@ def test_curate_on_lakefs_survives_faults_then_reuses_and_gates(double, tmp_path
     with pytest.raises(HookFailed, match="refused by the tokenlake publish guard"):
         probe.merge("by-hand", MAIN, "merge by hand")
     assert probe.resolve(MAIN) == second.commit_id
+
+
+@pytest.fixture
+def real_lakefs_repository(tmp_path, monkeypatch):
+    """A repository name on the session's real lakeFS, with the lakectl variables pointing at it."""
+    server = real_lakefs()
+    for name, value in server.lakectl_environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LAKECTL_CONFIG_FILE", str(tmp_path / "no-lakectl.yaml"))
+    name = f"curate-{uuid.uuid4().hex[:12]}"
+    yield server.connect(name)
+    with contextlib.suppress(NotFound):
+        server.connect(name)._repo.delete()
+
+
+@pytest.mark.slow
+def test_curate_on_a_real_lakefs_publishes_reuses_and_is_guarded_by_lakefs(
+    real_lakefs_repository, tmp_path, monkeypatch
+):
+    probe = real_lakefs_repository
+    monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
+    corpus = write_corpus(tmp_path / "sources")
+    files = sum(1 for path in corpus.values() for _ in path.iterdir())
+    params = params_for(corpus, f"lakefs://{probe.name}", tmp_path / "results")
+
+    first = curate(params)
+    assert probe.list_tags()[first.tag] == first.commit_id == probe.resolve(MAIN)
+    assert set(probe.list_branches()) == {MAIN}
+    _assert_every_document_once(probe, first.tag, files)
+    manifest = Manifest.model_validate_json(probe.get(first.tag, "shards/manifest.json"))
+    for shard in manifest.shards:
+        assert hashlib.sha256(probe.get(first.tag, shard.name)).hexdigest() == shard.sha256
+
+    with stage_outcomes() as outcomes:
+        again = curate(params)
+    assert outcomes == dict.fromkeys(STAGES, "reused")
+    assert (again.commit_id, again.new) == (first.commit_id, False)
+
+    failing = params.model_copy(update={"gates": params.gates.model_copy(update={"min_documents": 10**9})})
+    state = curate(failing, return_state=True)
+    assert state.is_failed() and "min_documents" in state.message
+    assert probe.resolve(MAIN) == first.commit_id and set(probe.list_branches()) == {MAIN}
+
+    # The flow installed main's guard on its first run; lakeFS itself runs it on a merge by hand.
+    assert publish_guard.missing_files(probe) == []
+    probe.create_branch("by-hand", MAIN)
+    probe.put("by-hand", "shards/extra/shard-00000.bin", b"unchecked")
+    probe.commit("by-hand", "shards uploaded by hand")
+    with pytest.raises(HookFailed, match="refused by the tokenlake publish guard"):
+        probe.merge("by-hand", MAIN, "merge by hand")
+    assert probe.resolve(MAIN) == first.commit_id

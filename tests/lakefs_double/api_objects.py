@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 from email.utils import formatdate
 
-from tests.lakefs_double.common import ApiError, Call, Reply, not_implemented, operation, page, stat_json
+from tests.lakefs_double.common import ApiError, Call, Reply, not_implemented, operation, page
 from versioning.port import NotFound, ObjectStat
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
-def _object_headers(stat: ObjectStat) -> dict[str, str]:
-    return {"ETag": f'"{stat.checksum}"', "Last-Modified": formatdate(stat.mtime, usegmt=True)}
+def _object_headers(stat: ObjectStat, etag: str) -> dict[str, str]:
+    return {"ETag": f'"{etag}"', "Last-Modified": formatdate(stat.mtime, usegmt=True)}
 
 
 def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -38,7 +38,7 @@ def _read_object(call: Call, head: bool) -> Reply:
         raise ApiError(400, "pre-signed URLs are not supported by the local block adapter")
     repo, ref, path = call.repo, call.path_params["ref"], call.required("path")
     stat = repo.stat(ref, path)
-    headers = _object_headers(stat)
+    headers = _object_headers(stat, call.store.etag(repo, ref, stat))
     if call.headers.get("If-None-Match") == headers["ETag"]:
         return Reply(304, headers=headers)
     span = _byte_range(call.headers.get("Range"), stat.size)
@@ -76,22 +76,22 @@ def head_object(call: Call) -> Reply:
 def stat_object(call: Call) -> Reply:
     if call.flag("presign"):
         raise ApiError(400, "pre-signed URLs are not supported by the local block adapter")
-    stat = call.repo.stat(call.path_params["ref"], call.required("path"))
-    return Reply(200, json=stat_json(stat, call.info))
+    ref = call.path_params["ref"]
+    return Reply(200, json=call.stat_json(call.repo.stat(ref, call.required("path")), ref))
 
 
 @operation("listObjects")
 def list_objects(call: Call) -> Reply:
-    repo, info = call.repo, call.info
+    repo, ref = call.repo, call.path_params["ref"]
     prefix, delimiter = call.arg("prefix") or "", call.arg("delimiter") or ""
-    stats = repo.list(call.path_params["ref"], prefix)
+    stats = repo.list(ref, prefix)
 
     def entries():
         last_prefix = None
         for stat in stats:
             cut = stat.path.find(delimiter, len(prefix)) if delimiter else -1
             if cut < 0:
-                yield stat_json(stat, info)
+                yield call.stat_json(stat, ref, listed=True)
                 continue
             common = stat.path[: cut + len(delimiter)]
             if common != last_prefix:
@@ -118,12 +118,15 @@ def upload_object(call: Call) -> Reply:
     if call.headers.get("If-None-Match") == "*" and repo.exists(branch, path):
         raise ApiError(412, "Precondition failed")
     stat = repo.put(branch, path, call.stream)
-    return Reply(201, json=stat_json(stat, call.info))
+    return Reply(201, json=call.stat_json(stat, branch))
 
 
 @operation("deleteObject")
 def delete_object(call: Call) -> Reply:
-    call.repo.delete(call.path_params["branch"], call.required("path"))
+    try:
+        call.repo.delete(call.path_params["branch"], call.required("path"))
+    except NotFound:
+        pass  # lakeFS stages a tombstone for any path: deleting an absent object is 204 too
     return Reply(204)
 
 

@@ -251,8 +251,11 @@ def diff_page(call: Call, right: str, changes: list[Change], removed_from: str |
     left = removed_from or repo.resolve(right)
 
     def entry(change: Change) -> dict[str, object]:
-        sized = repo.stat(left if change.kind == "removed" else right, change.path)
-        return {"type": change.kind, "path": change.path, "path_type": "object", "size_bytes": sized.size}
+        if change.kind == "removed" and removed_from is None:
+            size = 0  # an uncommitted removal is a tombstone in staging: lakeFS reports no size
+        else:
+            size = repo.stat(left if change.kind == "removed" else right, change.path).size
+        return {"type": change.kind, "path": change.path, "path_type": "object", "size_bytes": size}
 
     listing = page(changes, lambda c: c.path, call.arg("after") or "", call.amount())
     listing["results"] = [entry(change) for change in listing["results"]]

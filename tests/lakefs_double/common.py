@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -63,6 +64,7 @@ class RepoInfo:
             "creation_date": self.creation_date,
             "default_branch": self.default_branch,
             "storage_namespace": self.storage_namespace,
+            "storage_id": "",  # lakeFS names its (single) blockstore ""
             "read_only": False,
         }
 
@@ -81,6 +83,8 @@ class RepositoryStore:
         self.dir = backing_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._etags: dict[str, str] = {}  # LocalRepo checksum -> lakeFS ETag (MD5 hex of the bytes)
+        self._generations: dict[str, int] = {}  # commit id -> lakeFS commit generation
         self._repos: dict[str, tuple[LocalRepo, RepoInfo]] = {}
         self._reserved: dict[str, dict[str, dict[str, str]]] = {}
         for sidecar in sorted(self.dir.glob("*.lakefs.json")):
@@ -141,6 +145,36 @@ class RepositoryStore:
         with self._lock:
             self._reserved[name][commit_id] = dict(reserved)
             _write_json(self._reserved_path(name), self._reserved[name])
+
+    def etag(self, repo: LocalRepo, ref: str, stat: ObjectStat) -> str:
+        """The object's ETag as lakeFS's S3 and local block adapters give it for a single-part
+        upload: the MD5 hex of its bytes (LocalRepo's checksum is a sha256, which no lakeFS sends)."""
+        etag = self._etags.get(stat.checksum)
+        if etag is None:
+            digest = hashlib.md5(usedforsecurity=False)
+            with repo.open(ref, stat.path) as stream:
+                for block in iter(lambda: stream.read(1 << 20), b""):
+                    digest.update(block)
+            etag = self._etags.setdefault(stat.checksum, digest.hexdigest())
+        return etag
+
+    def generation(self, repo: LocalRepo, commit: Commit) -> int:
+        """pkg/graveler/ref: the first commit is generation 1, every other 1 + its parents' highest."""
+        pending = [commit]
+        while pending:
+            current = pending[-1]
+            if current.id in self._generations:
+                pending.pop()
+                continue
+            missing = [p for p in current.parents if p not in self._generations]
+            if missing:
+                pending.extend(repo.get_commit(p) for p in missing)
+                continue
+            pending.pop()
+            self._generations[current.id] = 1 + max(
+                (self._generations[p] for p in current.parents), default=0
+            )
+        return self._generations[commit.id]
 
     def reserved_metadata(self, name: str, commit_id: str) -> dict[str, str]:
         return dict(self._reserved.get(name, {}).get(commit_id, {}))
@@ -205,7 +239,10 @@ class Call:
     def commit_json(self, commit: Commit) -> dict[str, Any]:
         """The commit as lakeFS answers it, with the ``.lakefs.`` keys the double keeps aside."""
         reserved = self.store.reserved_metadata(self.path_params["repository"], commit.id)
-        return commit_json(commit, reserved)
+        return commit_json(commit, self.store.generation(self.repo, commit), reserved)
+
+    def stat_json(self, stat: ObjectStat, ref: str, *, listed: bool = False) -> dict[str, Any]:
+        return stat_json(stat, self.info, self.store.etag(self.repo, ref, stat), listed=listed)
 
     def remember_reserved(self, commit_id: str, reserved: dict[str, str]) -> None:
         self.store.add_reserved_metadata(self.path_params["repository"], commit_id, reserved)
@@ -262,7 +299,7 @@ def after_marker(items: Iterator[Any], key: Callable[[Any], str], marker: str) -
             seen = True
 
 
-def commit_json(commit: Commit, reserved: dict[str, str] | None = None) -> dict[str, Any]:
+def commit_json(commit: Commit, generation: int, reserved: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "id": commit.id,
         "parents": list(commit.parents),
@@ -271,20 +308,27 @@ def commit_json(commit: Commit, reserved: dict[str, str] | None = None) -> dict[
         "creation_date": int(commit.created),
         "meta_range_id": "",
         "metadata": {**commit.metadata, **(reserved or {})},
+        "generation": generation,
+        "version": 1,  # graveler.CurrentCommitVersion
     }
 
 
-def stat_json(stat: ObjectStat, info: RepoInfo) -> dict[str, Any]:
-    return {
+def stat_json(stat: ObjectStat, info: RepoInfo, etag: str, *, listed: bool = False) -> dict[str, Any]:
+    """An ObjectStats; a ``listed`` one (an entry of listObjects) carries no metadata map, as
+    lakeFS lists an object without user metadata without one (statObject sends ``{}``)."""
+    found = {
         "path": stat.path,
         "path_type": "object",
         "physical_address": f"{info.storage_namespace}/data/{stat.checksum}",
-        "checksum": stat.checksum,
+        "checksum": etag,
         "mtime": int(stat.mtime),
         "size_bytes": stat.size,
         "content_type": "application/octet-stream",
         "metadata": {},
     }
+    if listed:
+        del found["metadata"]
+    return found
 
 
 def ref_json(name: str, commit_id: str) -> dict[str, str]:

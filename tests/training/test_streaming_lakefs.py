@@ -1,5 +1,6 @@
-"""Training streams shards from a misbehaving lakeFS (the API double with faults): it waits, says
-why, never crashes, and finishes bit for bit as on a healthy repository (issue 19, item 3).
+"""Training streams shards from lakeFS: from a misbehaving one (the API double with faults) it
+waits, says why, never crashes, and finishes bit for bit as on a healthy repository (issue 19,
+item 3); from a real lakeFS server it finishes bit for bit too.
 
 The outage starts at an event, the first request for a shard the run needs half-way, and
 lasts until the trainer has reported that it waits on the unreachable repository plus
@@ -12,6 +13,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ import torch
 from formats.shards import Manifest
 from tests.flows.lineage_support import lakectl_environment
 from tests.lakefs_double import FaultConfig, LakeFSDouble
+from tests.lakefs_real import real_lakefs
 from tests.training.helpers import make_dataset, train_records
 from tests.versioning.lakefs_backends import connect
 from training.config import (
@@ -198,3 +201,30 @@ def test_a_shard_failing_verification_twice_stops_the_run_naming_it(healthy, tmp
         ):
             train(config("broken", tmp_path / "home", "lakefs://broken", commit))
         assert double.violations == []
+
+
+@pytest.mark.slow
+def test_training_streams_its_shards_from_a_real_lakefs_bit_exact(healthy, tmp_path):
+    ds, reference_losses = healthy
+    server = real_lakefs()
+    name = f"stream-{uuid.uuid4().hex[:12]}"
+    repo = server.connect(name)
+    repo.ensure()
+    try:
+        with lakectl_environment(server):
+            commit = publish_synthetic_dataset(
+                repo,
+                "main",
+                SOURCES,
+                seq_len=32,
+                vocab_size=256,
+                total_samples=1200,
+                shards_per_source=SHARDS_PER_SOURCE,
+            )
+            run = config("over-real-lakefs", tmp_path / "home", f"lakefs://{name}", commit)
+            train(run)
+        assert [r["loss"] for r in train_records(run.run_dir())] == reference_losses  # bit for bit
+        fetched = {p.name for p in (tmp_path / "home").rglob("shard-*.bin")}
+        assert fetched, "the shards came through the node cache"
+    finally:
+        repo._repo.delete()

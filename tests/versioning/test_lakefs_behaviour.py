@@ -17,6 +17,7 @@ Issue 12's table, row by row: 1 identical bytes, 2 merge metadata, 3 one ref nam
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import uuid
@@ -452,3 +453,53 @@ def test_a_pre_merge_hook_refusal_is_412_in_lakefs_envelope(repo: Repo):
         text,
     ), text
     assert repo.head("main") == head
+
+
+# Found by running this suite against the real server (issue 24): what the double answered
+# differently, now the same on both.
+
+
+def test_an_objects_etag_is_the_md5_of_its_bytes_everywhere_it_appears(repo: Repo):
+    # pkg/block/s3 and pkg/block/local: a single-part upload's ETag is the MD5 hex of its bytes.
+    data = b"hello, etag"
+    md5 = hashlib.md5(data).hexdigest()
+    uploaded = repo.upload("main", "a.txt", data)
+    assert uploaded.status_code == 201 and uploaded.json()["checksum"] == md5
+    assert repo.call("GET", "/refs/main/objects/stat", params={"path": "a.txt"}).json()["checksum"] == md5
+    assert repo.get_object("main", "a.txt").headers["ETag"] == f'"{md5}"'
+    head = repo.call("HEAD", "/refs/main/objects", params={"path": "a.txt"})
+    assert head.status_code == 200 and head.headers["ETag"] == f'"{md5}"'
+    repo.commit("main", "a")
+    (listed,) = repo.list_objects("main").json()["results"]
+    assert listed["checksum"] == md5
+
+
+def test_commits_carry_generation_and_version_and_repositories_a_storage_id(repo: Repo):
+    first = repo.get_commit(repo.committed("main", {"a": b"1"}))
+    assert (first["generation"], first["version"]) == (2, 1)  # "Repository created" is generation 1
+    assert repo.create_branch("dev").status_code == 201
+    repo.committed("dev", {"d": b"1"})
+    repo.committed("dev", {"d": b"2"})
+    merged = repo.get_commit(repo.merge("dev", "main").json()["reference"])
+    assert merged["generation"] == 5  # one more than its highest parent (dev's head, generation 4)
+    assert repo.call("GET", "").json()["storage_id"] == ""
+
+
+def test_deleting_an_absent_object_is_204_and_a_staged_removal_has_no_size(repo: Repo):
+    assert repo.call("DELETE", "/branches/main/objects", params={"path": "never-there"}).status_code == 204
+    repo.committed("main", {"gone": b"12345"})
+    assert repo.call("DELETE", "/branches/main/objects", params={"path": "gone"}).status_code == 204
+    (removal,) = repo.call("GET", "/branches/main/diff").json()["results"]
+    assert (removal["type"], removal["path"], removal["size_bytes"]) == ("removed", "gone", 0)
+    removed_at = repo.commit("main", "remove").json()["id"]
+    (committed,) = repo.call("GET", f"/refs/{removed_at}~1/diff/{removed_at}").json()["results"]
+    assert (committed["type"], committed["size_bytes"]) == ("removed", 5)
+
+
+def test_a_listed_object_without_user_metadata_has_no_metadata_map(repo: Repo):
+    repo.committed("main", {"committed": b"c"})
+    assert repo.upload("main", "staged", b"s").status_code == 201
+    entries = {e["path"]: e for e in repo.list_objects("main").json()["results"]}
+    assert "metadata" not in entries["committed"] and "metadata" not in entries["staged"]
+    stat = repo.call("GET", "/refs/main/objects/stat", params={"path": "committed"}).json()
+    assert stat["metadata"] == {}
