@@ -224,7 +224,11 @@ def test_training_streams_its_shards_from_a_real_lakefs_bit_exact(healthy, tmp_p
             run = config("over-real-lakefs", tmp_path / "home", f"lakefs://{name}", commit)
             train(run)
         assert [r["loss"] for r in train_records(run.run_dir())] == reference_losses  # bit for bit
-        fetched = {p.name for p in (tmp_path / "home").rglob("shard-*.bin")}
-        assert fetched, "the shards came through the node cache"
+        manifest = Manifest.from_json(repo.get(commit, "shards/manifest.json"))
+        cache = ShardCache(run.cache_dir())
+        cached = [e.name for e in manifest.shards if cache.path_for(e.sha256).exists()]
+        assert cached, "the shards came through the node cache"
+        entry = next(e for e in manifest.shards if e.name == cached[0])
+        assert cache.path_for(entry.sha256).read_bytes() == repo.get(commit, entry.name)
     finally:
         repo._repo.delete()
