@@ -66,16 +66,24 @@ class LakeFSServer:
         postgres_url: str | None = None,
         port: int | None = None,
         settings: dict | None = None,
+        keys: tuple[str, str, str] | None = None,
     ):
         """``s3``: the blockstore (else lakeFS's local one under ``workdir``); ``postgres_url``:
-        the KV store (else lakeFS's embedded one); ``settings``: merged into the configuration."""
+        the KV store (else lakeFS's embedded one); ``settings``: merged into the configuration;
+        ``keys``: the admin key id, its secret and the encryption secret of an earlier start on
+        the same KV store (else generated)."""
         self.workdir = Path(workdir)
         self.port = port or free_port()
         self.s3 = s3
         self.postgres_url = postgres_url
         self.settings = settings or {}
-        self.credentials = generated_credentials(f"http://127.0.0.1:{self.port}")
-        self._encrypt_secret = secrets.token_hex(32)
+        endpoint = f"http://127.0.0.1:{self.port}"
+        if keys is None:
+            self.credentials = generated_credentials(endpoint)
+            self._encrypt_secret = secrets.token_hex(32)
+        else:
+            self.credentials = LakeFSCredentials(endpoint, keys[0], keys[1])
+            self._encrypt_secret = keys[2]
         self.config_path = self.workdir / "lakefs.yaml"
         self.process = ServiceProcess(
             "lakefs",
@@ -83,6 +91,11 @@ class LakeFSServer:
             self.workdir,
             ready=self._healthy,
         )
+
+    @property
+    def keys(self) -> tuple[str, str, str]:
+        """What a later start on the same KV store needs (``keys=``); secrets: never print them."""
+        return (self.credentials.access_key_id, self.credentials.secret_access_key, self._encrypt_secret)
 
     @property
     def endpoint(self) -> str:

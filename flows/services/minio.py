@@ -37,14 +37,21 @@ class S3Endpoint:
 class MinIOServer:
     """``minio server DIR`` on a free loopback port; ``bucket`` exists once it has started."""
 
-    def __init__(self, workdir: Path, *, bucket: str = "tokenlake", port: int | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        bucket: str = "tokenlake",
+        port: int | None = None,
+        keys: tuple[str, str] | None = None,
+    ):
+        """``keys``: the root user and password of an earlier start on ``workdir`` (else generated)."""
         self.workdir = Path(workdir)
         self.bucket = bucket
         self.port = port or free_port()
+        user, password = keys or (f"minio-{secrets.token_hex(6)}", secrets.token_urlsafe(30))
         self.endpoint = S3Endpoint(
-            f"http://127.0.0.1:{self.port}",
-            access_key_id=f"minio-{secrets.token_hex(6)}",
-            secret_access_key=secrets.token_urlsafe(30),
+            f"http://127.0.0.1:{self.port}", access_key_id=user, secret_access_key=password
         )
         self.process = ServiceProcess(
             "minio",

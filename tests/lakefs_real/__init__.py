@@ -21,9 +21,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.services.build import build, load_pins
 from flows.services.lakefs import Environment, LakeFSServer
-from flows.services.minio import MinIOServer, S3Endpoint
+from flows.services.local_lakefs import LakeFSOnS3
+from flows.services.minio import S3Endpoint
 from versioning.lakefs import LakeFSRepo
 
 ENDPOINT_ENV = "TOKENLAKE_LAKEFS_ENDPOINT"
@@ -60,7 +60,7 @@ class RealLakeFS:
 
 
 _lock = threading.Lock()
-_started: list[tuple[RealLakeFS, list, Path]] = []
+_started: list[tuple[RealLakeFS, LakeFSOnS3 | None, Path | None]] = []
 
 
 def real_lakefs() -> RealLakeFS:
@@ -78,24 +78,15 @@ def real_lakefs() -> RealLakeFS:
                 os.environ[SECRET_KEY_ENV],
                 (os.environ.get(NAMESPACE_ENV) or "local://tokenlake-tests").rstrip("/"),
             )
-            _started.append((external, [], None))
+            _started.append((external, None, None))
             return external
-        pins = load_pins()
-        for name in ("minio", "lakefs"):
-            build(pins[name], say=lambda line: None)  # waits for a build already under way
         workdir = Path(tempfile.mkdtemp(prefix="tokenlake-real-lakefs-"))
-        services: list = []
         try:
-            minio = MinIOServer(workdir / "minio").start()
-            services.append(minio)
-            lakefs = LakeFSServer(workdir / "lakefs", s3=minio.endpoint, settings={"bucket": minio.bucket})
-            lakefs.start()
-            services.append(lakefs)
+            stack = LakeFSOnS3(workdir).start()
         except BaseException:
-            for service in reversed(services):
-                service.stop()
             shutil.rmtree(workdir, ignore_errors=True)
             raise
+        lakefs, minio = stack.lakefs, stack.minio
         started = RealLakeFS(
             lakefs.endpoint,
             lakefs.credentials.access_key_id,
@@ -105,15 +96,15 @@ def real_lakefs() -> RealLakeFS:
             s3=minio.endpoint,
             s3_bucket=minio.bucket,
         )
-        _started.append((started, services, workdir))
+        _started.append((started, stack, workdir))
         return started
 
 
 def stop_real_lakefs() -> None:
     with _lock:
         while _started:
-            _, services, workdir = _started.pop()
-            for service in reversed(services):
-                service.stop()
+            _, stack, workdir = _started.pop()
+            if stack is not None:
+                stack.stop()
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)

@@ -158,3 +158,16 @@ def test_an_unknown_host_is_reported_as_such():
     repo = LakeFSRepo.connect("http://lakefs.invalid:8000", "key", "secret", "demo", retry=QUICK)
     with pytest.raises(TransientError, match="cannot resolve the host name.*LAKECTL_SERVER_ENDPOINT_URL"):
         repo.ensure()
+
+
+def test_a_bad_presign_setting_fails_fast_naming_the_variable(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("TOKENLAKE_LAKEFS_PRESIGN", "sometimes")
+    with LakeFSDouble(tmp_path) as double, pytest.raises(LakeFSConfigError) as caught:
+        connect(double)
+    assert str(caught.value) == (
+        "TOKENLAKE_LAKEFS_PRESIGN='sometimes' is not one of auto, true or false: set it to false where "
+        "clients cannot reach the object store lakeFS writes to"
+    )
+    monkeypatch.setenv("TOKENLAKE_LAKEFS_PRESIGN", "False")
+    with LakeFSDouble(tmp_path / "off") as double:
+        assert connect(double).presign_uploads is False

@@ -23,6 +23,8 @@ SECRET_KEY_ENV = "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY"
 CONFIG_FILE_ENV = "LAKECTL_CONFIG_FILE"
 NAMESPACE_PREFIX_ENV = "TOKENLAKE_LAKEFS_STORAGE_NAMESPACE"
 DEFAULT_NAMESPACE_PREFIX = "local://tokenlake"
+PRESIGN_ENV = "TOKENLAKE_LAKEFS_PRESIGN"
+_PRESIGN_VALUES = {"auto": None, "true": True, "1": True, "false": False, "0": False}
 
 
 class LakeFSConfigError(RepoError):
@@ -99,6 +101,18 @@ def namespace_prefix(environ: Mapping[str, str] | None = None) -> str:
     """Where new repositories put their data: ``$TOKENLAKE_LAKEFS_STORAGE_NAMESPACE`` or ``local://tokenlake``."""
     environ = os.environ if environ is None else environ
     return (environ.get(NAMESPACE_PREFIX_ENV) or DEFAULT_NAMESPACE_PREFIX).rstrip("/")
+
+
+def presign_setting(environ: Mapping[str, str] | None = None) -> bool | None:
+    """``$TOKENLAKE_LAKEFS_PRESIGN``: true, false, or auto (unset: the server's blockstore decides)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(PRESIGN_ENV, "auto").strip().lower()
+    if value not in _PRESIGN_VALUES:
+        raise LakeFSConfigError(
+            f"{PRESIGN_ENV}={value!r} is not one of auto, true or false: set it to false where "
+            "clients cannot reach the object store lakeFS writes to"
+        )
+    return _PRESIGN_VALUES[value]
 
 
 def _read_lakectl_file(path: Path) -> dict[str, str]:

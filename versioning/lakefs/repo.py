@@ -28,9 +28,10 @@ from versioning.lakefs.config import (
     LakeFSCredentials,
     lakectl_credentials,
     namespace_prefix,
+    presign_setting,
 )
 from versioning.lakefs.errors import ConflictFound, ErrorMapper, Retrier, RetryPolicy
-from versioning.lakefs.streams import open_stream, replayable
+from versioning.lakefs.streams import known_size, open_stream, replayable
 from versioning.port import (
     Change,
     Commit,
@@ -53,6 +54,8 @@ from versioning.port import (
 
 WRITE_ID = "tokenlake_write_id"
 _MARKER_SEARCH_DEPTH = 50
+PRESIGN_MIN_BYTES = 8 * 1024 * 1024
+
 T = TypeVar("T")
 
 
@@ -68,15 +71,22 @@ class LakeFSRepo:
         retry: RetryPolicy | None = None,
         timeout_s: tuple[float, float] = (10.0, 300.0),
         page_size: int = 1000,
+        presign_uploads: bool | None = None,
         rng: random.Random | None = None,
     ):
-        """``timeout_s``: (connect, read) seconds per request; ``page_size``: listing page (lakeFS caps it at 1000)."""
+        """``timeout_s``: (connect, read) seconds per request; ``page_size``: listing page (lakeFS caps
+        it at 1000); ``presign_uploads``: whether uploads of ``PRESIGN_MIN_BYTES`` or more go straight
+        to the object store through a pre-signed URL and are then linked, instead of through the
+        lakeFS API (None: ``$TOKENLAKE_LAKEFS_PRESIGN``, else whenever the server's blockstore
+        supports it; ``benchmarks/lakefs_io.py`` measures both paths). Set it False where clients
+        cannot reach the store lakeFS writes to."""
         if not 1 <= page_size <= 1000:
             raise ValueError(f"page_size must be between 1 and 1000, not {page_size}")
         self.name = validate_repo_name(repository)
         self.page_size = page_size
         self.endpoint = credentials.endpoint
         self.storage_namespace = storage_namespace or f"{namespace_prefix()}/{repository}"
+        self.presign_uploads = presign_setting() if presign_uploads is None else presign_uploads
         self._client = sdk_client(credentials, timeout_s)
         self._sdk = self._client.sdk_client
         self._repo = lakefs.Repository(repository, client=self._client)
@@ -238,14 +248,23 @@ class LakeFSRepo:
         target = self._repo.branch(branch).object(path)
 
         def upload(chunks: Callable[[], Iterator[bytes]]) -> None:
-            with target.writer(mode="wb", pre_sign=False) as writer:
+            with target.writer(mode="wb", pre_sign=presign) as writer:
                 for chunk in chunks():
                     writer.write(chunk)
 
+        size = known_size(data)
+        # A pre-signed upload costs two more requests (address, link): worth it for large objects only.
+        presign = (size is None or size >= PRESIGN_MIN_BYTES) and self._presigned()
         with replayable(data) as chunks:
             # An upload overwrites the path, so retrying it is idempotent.
             self._call(f"put {path!r} on branch {branch!r}", lambda: upload(chunks))
         return self.stat(branch, path)
+
+    def _presigned(self) -> bool:
+        if self.presign_uploads is None:
+            config = self._call("read the server's storage configuration", self._client.storage_config_by_id)
+            self.presign_uploads = bool(config.pre_sign_support)
+        return self.presign_uploads
 
     def open(self, ref: str, path: str) -> BinaryIO:
         stat = self.stat(ref, path)

@@ -136,6 +136,20 @@ def replayable(data: PutSource) -> Iterator[Replay]:
         yield from_spool
 
 
+def known_size(data: PutSource) -> int | None:
+    """How many bytes ``put`` will send, when that is known without reading them."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return memoryview(data).nbytes
+    if isinstance(data, (str, os.PathLike)):
+        return os.path.getsize(data) if os.path.isfile(data) else None
+    if _seekable(data):
+        start = data.tell()
+        end = data.seek(0, os.SEEK_END)
+        data.seek(start)
+        return end - start
+    return None
+
+
 def _seekable(file: object) -> bool:
     try:
         return bool(file.seekable())  # type: ignore[attr-defined]
