@@ -10,7 +10,8 @@
 
 Every command takes ``--json`` (for ``show``: the object's metadata instead of its bytes).
 The repository is the top-level ``--repo`` (a directory or ``lakefs://<repository>``);
-these commands never create one, and only ``install-hooks`` writes (a commit on main).
+only ``install-hooks`` writes (a commit on main), and creates the repository if it is not there yet,
+so that the guard is in place before the first curate run; the others never create one.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def run_install_hooks(args: argparse.Namespace) -> int:
     from flows import publish_guard
 
     repo = _open(args)
+    repo.ensure()
     commit = publish_guard.install(repo)
     paths = sorted(publish_guard.guard_files())
     if args.json:

@@ -116,7 +116,9 @@ def write_lakectl_config(path: Path, credentials: LakeFSCredentials) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Start lakeFS on MinIO on 127.0.0.1 until Ctrl-C.")
+    parser = argparse.ArgumentParser(
+        prog="./dev lakefs", description="Start lakeFS on MinIO on 127.0.0.1 until Ctrl-C."
+    )
     parser.add_argument(
         "--dir", type=Path, default=DEFAULT_DIR, help=f"data, keys and logs (default {DEFAULT_DIR})"
     )

@@ -123,8 +123,11 @@ def upload_object(call: Call) -> Reply:
 
 @operation("deleteObject")
 def delete_object(call: Call) -> Reply:
+    branch = call.path_params["branch"]
+    if branch not in call.repo.list_branches():
+        raise ApiError(404, "branch not found")
     try:
-        call.repo.delete(call.path_params["branch"], call.required("path"))
+        call.repo.delete(branch, call.required("path"))
     except NotFound:
         pass  # lakeFS stages a tombstone for any path: deleting an absent object is 204 too
     return Reply(204)
@@ -143,4 +146,4 @@ def delete_objects(call: Call) -> Reply:
             continue  # lakeFS ignores paths that are already gone
         except ValueError as invalid:
             errors.append({"path": path, "status_code": 400, "message": str(invalid)})
-    return Reply(200, json={"errors": errors}) if errors else Reply(204)
+    return Reply(200, json={"errors": errors})  # even for a branch that is not there

@@ -35,6 +35,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from tests.lakefs_double import api_objects, api_refs  # noqa: F401 - they register the operations
 from tests.lakefs_double.common import OPERATIONS, ApiError, Call, Reply, RepositoryStore
 from tests.lakefs_double.faults import Fault, FaultConfig, FaultInjector
+from tests.lakefs_double.not_found import lakefs_not_found
 from tests.lakefs_double.spec import Operation, WireRequest, WireResponse, load_spec
 from versioning.port import Conflict, HookFailed, InvalidPath, NoChanges, NotFound, RepoError, TransientError
 
@@ -143,6 +144,8 @@ class LakeFSDouble:
         try:
             return handler(call)
         except (ApiError, RepoError) as error:
+            if isinstance(error, NotFound) or (isinstance(error, ApiError) and error.status == 404):
+                return Reply(404, json={"message": lakefs_not_found(call)})
             return _error(error)
 
 
@@ -151,9 +154,7 @@ def _error(error: ApiError | RepoError) -> Reply:
     if isinstance(error, ApiError):
         return Reply(error.status, json={"message": error.message}, headers=error.headers)
     text = str(error)
-    if isinstance(error, NotFound):
-        status, message = 404, f"not found: {text}"
-    elif isinstance(error, HookFailed):  # graveler.HookAbortError
+    if isinstance(error, HookFailed):  # graveler.HookAbortError
         status, message = 412, text
     elif isinstance(error, NoChanges):
         status, message = 400, f"no changes: {text}"

@@ -2,8 +2,8 @@
 
 lakeFS counts every API call by operation in its Prometheus metrics (``/metrics``), so the tests
 read which operations a ``put`` cost: a large object goes to S3 through a pre-signed URL and is
-linked (``getPhysicalAddress`` + ``linkPhysicalAddress``, no ``uploadObject``), a small one and
-any object with ``presign_uploads=False`` through the API (``uploadObject``). Either way the
+linked (``GetPhysicalAddress`` + ``LinkPhysicalAddress``, no ``UploadObject``), a small one and
+any object with ``presign_uploads=False`` through the API (``UploadObject``). Either way the
 bytes read back the same.
 """
 
@@ -64,9 +64,9 @@ def test_a_large_object_goes_to_s3_pre_signed_and_is_linked(server, repository):
     payload = os.urandom(PRESIGN_MIN_BYTES + 1)
     before = operations(server.endpoint)
     stat = repo.put("main", "large.bin", payload)
-    done = operations_after(server.endpoint, before, "linkPhysicalAddress")
-    assert done["getPhysicalAddress"] == 1 and done["linkPhysicalAddress"] == 1, done
-    assert done["uploadObject"] == 0, done
+    done = operations_after(server.endpoint, before, "LinkPhysicalAddress")
+    assert done["GetPhysicalAddress"] == 1 and done["LinkPhysicalAddress"] == 1, done
+    assert done["UploadObject"] == 0, done
     assert stat.size == len(payload)
     assert repo.get("main", "large.bin") == payload
     repo.commit("main", "a pre-signed upload")
@@ -83,8 +83,8 @@ def test_small_objects_and_presign_off_go_through_the_api(server, repository):
     ]:
         before = operations(endpoint)
         repo.put("main", name, payload)
-        done = operations_after(endpoint, before, "uploadObject")
-        assert done["uploadObject"] == 1 and done["linkPhysicalAddress"] == 0, (name, done)
+        done = operations_after(endpoint, before, "UploadObject")
+        assert done["UploadObject"] == 1 and done["LinkPhysicalAddress"] == 0, (name, done)
         assert repo.get("main", name) == payload
 
 
