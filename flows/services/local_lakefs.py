@@ -17,13 +17,15 @@ import json
 import os
 import signal
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 from flows.services.build import build, load_pins
-from flows.services.lakefs import LakeFSCredentials, LakeFSServer
+from flows.services.lakefs import Environment, LakeFSCredentials, LakeFSServer
 from flows.services.minio import MinIOServer
+from flows.services.toxiproxy import ToxiproxyServer
 
 DEFAULT_DIR = Path.home() / ".local/share/tokenlake/lakefs"
 
@@ -32,22 +34,52 @@ class LakeFSOnS3:
     """MinIO, then lakeFS with MinIO as its blockstore; stopped in the reverse order.
 
     ``saved``: what :meth:`state` returned for an earlier start on ``workdir`` (its ports and
-    keys), so that lakeFS finds its repositories and the keys stay valid."""
+    keys), so that lakeFS finds its repositories and the keys stay valid. ``toxiproxy``: a
+    started toxiproxy to put on the wire: lakeFS then reaches MinIO through its proxy ``s3``, and
+    :attr:`client_endpoint` is its proxy ``lakefs`` in front of lakeFS (faults go on either)."""
 
-    def __init__(self, workdir: Path, *, port: int | None = None, saved: dict | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        saved: dict | None = None,
+        toxiproxy: ToxiproxyServer | None = None,
+    ):
         self.workdir = Path(workdir)
+        self.toxiproxy = toxiproxy
         saved = saved or {}
         self.minio = MinIOServer(
             self.workdir / "minio",
             port=saved.get("s3_port"),
             keys=tuple(saved["s3_keys"]) if saved else None,
         )
+        s3 = self.minio.endpoint
+        self.s3_proxy = self.lakefs_proxy = None
+        if toxiproxy is not None:
+            self.s3_proxy = toxiproxy.proxy("s3", self.minio.port)
+            s3 = replace(s3, url=self.s3_proxy.url)
         self.lakefs = LakeFSServer(
             self.workdir / "lakefs",
-            s3=self.minio.endpoint,
+            s3=s3,
             port=saved.get("port", port),
             settings={"bucket": self.minio.bucket},
             keys=tuple(saved["lakefs_keys"]) if saved else None,
+        )
+        if toxiproxy is not None:
+            self.lakefs_proxy = toxiproxy.proxy("lakefs", self.lakefs.port)
+
+    @property
+    def client_endpoint(self) -> str:
+        """Where clients reach lakeFS: through the ``lakefs`` proxy when there is one."""
+        return self.lakefs_proxy.url if self.lakefs_proxy is not None else self.lakefs.endpoint
+
+    def lakectl_environment(self) -> Environment:
+        """What tokenlake reads to reach lakeFS (through the proxy, if any) and where its repositories go."""
+        credentials = replace(self.lakefs.credentials, endpoint=self.client_endpoint)
+        return Environment(
+            credentials.lakectl_environment(),
+            TOKENLAKE_LAKEFS_STORAGE_NAMESPACE=self.lakefs.storage_namespace(),
         )
 
     def state(self) -> dict:
