@@ -21,6 +21,7 @@ from tasks.dedup.config import DedupConfig
 from tasks.ingest.config import IngestConfig
 from tasks.shard.config import ShardConfig
 from tasks.validate.config import ValidateConfig
+from versioning.port import validate_repo_name
 
 
 class RepositoryConfig(BaseModel):
@@ -38,6 +39,14 @@ class RepositoryConfig(BaseModel):
     lakefs_ui: str | None = Field(
         default=None, description="lakeFS UI base URL for links in the summary; default the lakeFS endpoint"
     )
+
+    @field_validator("spec")
+    @classmethod
+    def _lakefs_repository_name(cls, spec: str | None) -> str | None:
+        # Checked here, so that a bad name fails the parameters instead of a run that started.
+        if spec is not None and spec.startswith("lakefs://"):
+            validate_repo_name(spec.removeprefix("lakefs://").strip("/"))
+        return spec
 
 
 class GateConfig(BaseModel):

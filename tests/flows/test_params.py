@@ -110,3 +110,16 @@ def test_workers_of_a_cluster_started_for_the_run_never_pause_use_the_system_all
     # a paused worker holding unmanaged memory would wait forever; the profiler's history grows
     # a worker by megabytes a minute
     assert settings == [(False, "system", False)]
+
+
+def test_a_lakefs_repository_name_lakefs_would_refuse_fails_the_parameters():
+    with pytest.raises(ValueError) as refused:
+        CurateParams.from_dict({"repository": {"spec": "lakefs://Bad_Name"}})
+    assert str(refused.value) == (
+        "parameters: repository.spec: repository name 'Bad_Name' is invalid: "
+        "3-63 characters of lowercase letters, digits and '-'"
+    )
+    assert (
+        CurateParams.from_dict({"repository": {"spec": "lakefs://good-name"}}).repository.spec
+        == "lakefs://good-name"
+    )

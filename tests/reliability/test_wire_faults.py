@@ -194,7 +194,7 @@ STEADY_FAULTS = {
     "latency-200ms": toxic("latency", {"latency": 200, "jitter": 100}),
     "resets-5pct": toxic("reset_peer", {"timeout": 0}, toxicity=0.05),
     "resets-20pct": toxic("reset_peer", {"timeout": 0}, toxicity=0.20),
-    "bandwidth-256KBps": toxic("bandwidth", {"rate": 256}),
+    "bandwidth-256kbps": toxic("bandwidth", {"rate": 256}),
     "s3-latency-200ms": toxic("latency", {"latency": 200, "jitter": 100}, proxy="s3"),
 }
 
