@@ -27,7 +27,7 @@ README = ROOT / "README.md"
 BIN = Path(sys.executable).parent
 # (program, first words) -> run with --help: long-running, or needing a published dataset
 HELP_ONLY = {
-    ("./dev", "run"), ("./dev", "test"), ("./dev", "services"), ("./dev", "lakefs"),
+    ("./dev", "run"), ("./dev", "test"), ("./dev", "services"), ("./dev", "lakefs"), ("./dev", "stack"),
     ("tokenlake", "run"), ("tokenlake", "curate"), ("tokenlake", "train"), ("tokenlake", "serve"),
     ("tokenlake", "rollback"), ("tokenlake", "lineage"), ("tokenlake", "shards"),
     ("prefect", "server"),
