@@ -29,10 +29,10 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Crashed
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.liveness import process_alive
 from flows.wap import PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX, flow_run_of_branch, publish_in_progress
 from tasks.stage_task import IO_RETRIES
 from versioning import DataRepo, NotFound, open_repo
+from versioning.liveness import process_alive
 
 _LIVE_STATES = {StateType.RUNNING, StateType.PENDING, StateType.CANCELLING, StateType.PAUSED}
 _WAITING_STATES = {StateType.SCHEDULED}  # includes AwaitingRetry: a retry will reuse the branch

@@ -31,13 +31,13 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from flows import publish_guard
-from flows.liveness import process_alive
 from formats import layout
 from formats.layout import DATASET_TAG_PREFIX as TAG_PREFIX
 from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, PUBLISH_STAGE, RUN_BRANCH_PREFIX
 from tasks.stage import tokenlake_version
 from training.reverted import restored_from
 from versioning import Commit, Conflict, DataRepo, NoChanges, NotFound
+from versioning.liveness import process_alive
 
 LOCK_CANDIDATE_SUFFIX = "-lock"
 

@@ -49,31 +49,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from formats.digest import file_sha256
 from formats.shards import ShardEntry
 from training.samples import DataError
 from versioning import DataRepo
+from versioning.liveness import pid_alive
 
 _HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 _FOREIGN_READER_TTL_S = 600.0
 _CHUNK = 8 << 20
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _signature(path: Path) -> tuple[int, int, int]:
@@ -176,7 +160,7 @@ class ShardCache:
             known = self._verified.get(entry.sha256) == signature
         if known:
             return True
-        if sha256_file(path) != entry.sha256:
+        if file_sha256(path) != entry.sha256:
             self._warn(f"cached {entry.name} ({path.name}) is corrupt; fetching it again")
             path.unlink(missing_ok=True)
             return False
@@ -276,7 +260,7 @@ class ShardCache:
             if len(parts) != 5:
                 continue
             _, size, host, pid, _ = parts
-            if host == _HOST and not _alive(int(pid)):
+            if host == _HOST and not pid_alive(int(pid)):
                 Path(item.path).unlink(missing_ok=True)
                 continue
             total += int(size)
@@ -295,7 +279,7 @@ class ShardCache:
             except (OSError, ValueError):
                 continue
             if content["host"] == _HOST:
-                if not _alive(content["pid"]):
+                if not pid_alive(content["pid"]):
                     Path(item.path).unlink(missing_ok=True)
                     continue
             elif stale:
