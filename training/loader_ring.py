@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from versioning.scratch import owned_prefix
+
 MAGIC = 0x544C4B52494E4731  # "TLKRING1"
 EMPTY, WRITING, READY = 0, 1, 2
 MAX_LOADERS = 4
@@ -50,6 +52,9 @@ _HEADER_WORDS = _SKIP_PAIRS + 2 * MAX_SKIPPED
 _TEXTS = ("error", "status", "fatal")
 _TEXT_WORDS = TEXT_BYTES // 8
 _SLOT_HEADER = 4  # state, version, start, end
+
+
+RING_KIND = "loader"  # rings are named by their owner (versioning/scratch.py): a killed job's are swept
 
 
 def shm_dir() -> Path:
@@ -152,7 +157,7 @@ class Ring:
 
     @classmethod
     def create(cls, layout: RingLayout, tag: str) -> Ring:
-        path = shm_dir() / f"tokenlake-loader-{tag}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+        path = shm_dir() / f"{owned_prefix(RING_KIND)}{tag}-{time.monotonic_ns() % 10**9}"
         return cls(path, layout, create=True)
 
     def close(self, unlink: bool = False) -> None:

@@ -41,7 +41,6 @@ import hashlib
 import json
 import math
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -54,8 +53,8 @@ from formats.shards import ShardEntry
 from training.samples import DataError
 from versioning import DataRepo
 from versioning.liveness import pid_alive
+from versioning.scratch import HOST
 
-_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 _FOREIGN_READER_TTL_S = 600.0
 _CHUNK = 8 << 20
 
@@ -209,7 +208,7 @@ class ShardCache:
             reservation = (
                 self.root
                 / ".tmp"
-                / (f"{entry.sha256}_{need}_{_HOST}_{os.getpid()}_{threading.get_ident()}.part")
+                / (f"{entry.sha256}_{need}_{HOST}_{os.getpid()}_{threading.get_ident()}.part")
             )
             reservation.touch()
             stats["peak_bytes"] = max(stats.get("peak_bytes", 0), used + need)
@@ -260,7 +259,7 @@ class ShardCache:
             if len(parts) != 5:
                 continue
             _, size, host, pid, _ = parts
-            if host == _HOST and not pid_alive(int(pid)):
+            if host == HOST and not pid_alive(int(pid)):
                 Path(item.path).unlink(missing_ok=True)
                 continue
             total += int(size)
@@ -278,7 +277,7 @@ class ShardCache:
                 stale = now - item.stat().st_mtime > _FOREIGN_READER_TTL_S
             except (OSError, ValueError):
                 continue
-            if content["host"] == _HOST:
+            if content["host"] == HOST:
                 if not pid_alive(content["pid"]):
                     Path(item.path).unlink(missing_ok=True)
                     continue
@@ -326,12 +325,12 @@ class CacheReader:
         with CacheReader._count_guard:
             CacheReader._count += 1
             number = CacheReader._count
-        self.path = directory / f"{_HOST}-{os.getpid()}-{number}.json"
+        self.path = directory / f"{HOST}-{os.getpid()}-{number}.json"
         self._last: dict[str, int] | None = None
 
     def set_needs(self, needs: dict[str, int]) -> None:
         if needs != self._last:
-            _write_json_atomically(self.path, {"host": _HOST, "pid": os.getpid(), "needs": needs})
+            _write_json_atomically(self.path, {"host": HOST, "pid": os.getpid(), "needs": needs})
             self._last = dict(needs)
 
     def close(self) -> None:

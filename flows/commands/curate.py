@@ -45,9 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     janitor = subparsers.add_parser(
         "janitor",
-        help="remove run branches left by killed curate runs",
+        help="remove run branches left by killed curate runs, and scratch left by killed processes",
         description="Remove curate-* branches whose flow run is dead and ended at least MAX_AGE ago "
-        "(never a live run's), and a publish lock held by a dead process.",
+        "(never a live run's), a publish lock held by a dead process, and the loader rings and dedup "
+        "spill folders that dead processes of this host left.",
     )
     janitor.add_argument("--max-age", default="24h", help="e.g. 36h, 90m, 2d, 0 (default: 24h)")
     janitor.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
@@ -281,16 +282,24 @@ def run_datasets(args: argparse.Namespace) -> int:
 
 
 def run_janitor(args: argparse.Namespace) -> int:
-    from flows.janitor import parse_age, sweep
+    from flows.janitor import parse_age, sweep, sweep_scratch
     from versioning import open_repo
 
     verdicts = sweep(open_repo(args.repo, create=False), parse_age(args.max_age), args.dry_run)
+    scratch = sweep_scratch(args.dry_run)
     if args.json:
-        print(json.dumps([asdict(v) for v in verdicts], indent=2))
-    elif verdicts:
-        print(format_table([asdict(v) for v in verdicts]))
-    else:
-        print("no run branches: nothing to clean")
+        print(
+            json.dumps(
+                {"branches": [asdict(v) for v in verdicts], "scratch": [asdict(v) for v in scratch]}, indent=2
+            )
+        )
+        return 0
+    print(format_table([asdict(v) for v in verdicts]) if verdicts else "no run branches: nothing to clean")
+    if scratch:
+        print(
+            f"\nscratch left by dead processes on this host ({'kept: --dry-run' if args.dry_run else 'removed'}):"
+        )
+        print(format_table([asdict(v) for v in scratch]))
     return 0
 
 
