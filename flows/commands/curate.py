@@ -37,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="where partitions run: local, dask (a LocalCluster), dask:tcp://host:8786 (an existing scheduler)",
     )
     curate.add_argument("--workers", type=int, metavar="N", help="local processes, or LocalCluster workers")
+    curate.add_argument(
+        "--dashboard",
+        metavar="ADDRESS",
+        help="with --runner dask: serve the Dask dashboard there (e.g. :8787; needs bokeh)",
+    )
     curate.set_defaults(handler=run_curate)
 
     datasets = subparsers.add_parser("datasets", help="list published dataset versions")
@@ -75,14 +80,16 @@ def run_curate(args: argparse.Namespace) -> int:
     params = CurateParams.from_toml(args.config)
     if args.repo:
         params.repository.spec = args.repo
-    if args.runner or args.workers:
+    if args.runner or args.workers or args.dashboard:
         runner = params.runner.model_dump() | {"spec": args.runner or params.runner.spec}
         try:
             params.runner = RunnerConfig.model_validate(
-                runner | ({"workers": args.workers} if args.workers else {})
+                runner
+                | ({"workers": args.workers} if args.workers else {})
+                | ({"dashboard": args.dashboard} if args.dashboard else {})
             )
         except ValidationError as exc:
-            raise ValueError(f"--runner/--workers: {one_sentence(exc)}") from None
+            raise ValueError(f"--runner/--workers/--dashboard: {one_sentence(exc)}") from None
     curate_and_report(params, as_json=args.json)
     return 0
 
