@@ -34,8 +34,8 @@ from flows.notices import notice
 from formats import layout
 from formats.layout import DATASET_TAG_PREFIX as TAG_PREFIX
 from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, PUBLISH_STAGE, RUN_BRANCH_PREFIX
+from formats.rollbacks import restored_from
 from tasks.stage import tokenlake_version
-from training.reverted import restored_from
 from versioning import Commit, Conflict, DataRepo, NoChanges, NotFound
 from versioning.liveness import process_alive
 

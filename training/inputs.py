@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from formats.rollbacks import Reverted
 from training.config import TrainConfig
 from training.data import Loader, ShardCache, open_streaming
 from training.distributed import DistContext
 from training.loader_pool import Notify, ProcessLoader, make_loader
-from training.reverted import Reverted, RevertedDataRefused, check_training_data
+from training.reverted import RevertedDataRefused, check_training_data
 from versioning import DataRepo, open_repo
 
 
