@@ -50,10 +50,9 @@ from training.config import TrainConfig
 from training.data import Batch, Loader
 from training.distributed import DistContext
 from training.errors import TrainingError
-from training.loader_ring import RING_KIND, LoaderSpec, Ring, RingLayout, shm_dir
+from training.loader_ring import LoaderSpec, Ring, RingLayout
 from training.samples import CommitFiles, DataError, TokenDataset, rank_slice
 from training.streaming import ShardStream
-from versioning.scratch import sweep
 
 Notify = Callable[[dict[str, Any]], None]
 """Receives the loader's reports (data-wait warnings, takeovers) as metrics records with a ``message``."""
@@ -425,11 +424,7 @@ def make_loader(
         dataset.seq_len + 1,
     )  # fmt: skip
     if dist.local_rank == 0:
-        for leftover in sweep(shm_dir(), RING_KIND):  # a SIGKILLed job's ring and its commit files
-            warn(
-                f"removed {leftover.path} ({leftover.bytes} bytes), left by pid {leftover.pid}, which is dead"
-            )
-        ring = Ring.create(layout, f"node{node}")
+        ring = Ring.create(layout, f"node{node}", warn)
         spec_path = Path(f"{ring.path}.commit.json")
         spec_path.write_text(json.dumps({"manifest": files.manifest.decode(), "mix": files.mix.decode(),
                                          "tokenizer_sha256": files.tokenizer_sha256}))  # fmt: skip
