@@ -15,7 +15,7 @@ Measured, best of ``--rounds``:
   the two records around the step, mix and manifest.
 
 Then ``main`` is rolled back to v1 (the rollback flow's steps, its record and marks on ``runs``),
-so every verdict has a rollback to judge against (``training/reverted.py``):
+so every verdict has a rollback to judge against (``formats/rollbacks.py``):
 
 * ``checkpoints on v2, rolled back``: ``tokenlake lineage TAG`` on the reverted version, each
   checkpoint judged;

@@ -9,9 +9,8 @@ where it is a list bullet. Nothing to say is ``none``; a count a stage does not 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -19,6 +18,7 @@ from uuid import UUID
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 from prefect.artifacts import update_progress_artifact as _update_progress
 
+from flows.listeners import Listeners
 from formats import layout
 from tasks.stage import StageResult
 
@@ -54,27 +54,16 @@ class StageEvent:
 
 
 Listener = Callable[[StageEvent], None]
-_listeners: list[Listener] = []
-_listeners_lock = threading.Lock()
+_stage_events = Listeners()
 
 
-@contextmanager
-def listening(listener: Listener) -> Iterator[None]:
+def listening(listener: Listener) -> AbstractContextManager[None]:
     """Receive the stage events of flows run in this process while the block runs."""
-    with _listeners_lock:
-        _listeners.append(listener)
-    try:
-        yield
-    finally:
-        with _listeners_lock:
-            _listeners.remove(listener)
+    return _stage_events.listening(listener)
 
 
 def _notify(event: StageEvent) -> None:
-    with _listeners_lock:
-        listeners = list(_listeners)
-    for listener in listeners:
-        listener(event)
+    _stage_events.send(event)
 
 
 class RunProgress:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -98,13 +99,27 @@ def explain(exc: BaseException) -> tuple[int, str]:
     return 1, f"{type(exc).__name__}: {exc} (unexpected; `tokenlake --debug ...` shows the traceback)"
 
 
+def show_notice(level: int, message: str) -> None:
+    """A run's notice on the console, above a progress bar if one is drawn."""
+    from tqdm import tqdm
+
+    said = "warning: " if level >= logging.WARNING else ""
+    tqdm.write(f"tokenlake: {said}{message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = args.debug or os.environ.get("TOKENLAKE_DEBUG") == "1"
-    prefect_environment(debug=debug, service=args.command in SERVICE_COMMANDS)
+    service = args.command in SERVICE_COMMANDS
+    prefect_environment(debug=debug, service=service)
     try:
-        return int(args.handler(args) or 0)
+        if debug or service:  # Prefect's console log shows the runs' notices
+            return int(args.handler(args) or 0)
+        from flows.notices import to_console
+
+        with to_console(show_notice):
+            return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a user-facing CLI prints sentences, not a traceback

@@ -17,7 +17,6 @@ bookkeeping between them is the flow's own code.
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from typing import Any
@@ -25,10 +24,12 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_image_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.logging.loggers import flow_run_logger
 from pydantic import ValidationError
 
 from flows.artifacts import StageRun, SummaryLinks, stages_table, summary
 from flows.funnel import draw_funnel, funnel_of, funnel_path, image_url
+from flows.notices import notice
 from flows.params import CurateParams, GateConfig, check_ready
 from flows.runners import partitions_on
 from flows.stage_runner import RunStart, StageRunner, published_version_at
@@ -69,13 +70,17 @@ def discard_run_branch(flow: Any, flow_run: Any, state: Any) -> None:
         params = CurateParams.model_validate((flow_run.parameters or {}).get("params") or {})
     except ValidationError:
         return  # the run failed on its parameters, before it opened a branch
-    delete_run_branch(params.repository.spec or default_repo_spec(), run_branch(str(flow_run.id)))
+    delete_run_branch(
+        params.repository.spec or default_repo_spec(),
+        run_branch(str(flow_run.id)),
+        flow_run_logger(flow_run, flow),
+    )
 
 
-def delete_run_branch(repo_spec: str, branch: str) -> None:
+def delete_run_branch(repo_spec: str, branch: str, logger: Any = None) -> None:
     """Delete a failed run's branch, retried as IO tasks are: what failed the run may be lakeFS
     being down, and the delete then needs it back. If it never comes back, the janitor removes
-    the branch later."""
+    the branch later, and the user is told (``logger``: the run's, from a state hook)."""
     delays = IO_RETRIES["retry_delay_seconds"](IO_RETRIES["retries"])
     for delay in [*delays, None]:
         try:
@@ -85,18 +90,16 @@ def delete_run_branch(repo_spec: str, branch: str) -> None:
             return  # never opened, or already gone
         except TransientError as exc:
             if delay is None:
-                _warn_branch_left(branch, exc)
+                _warn_branch_left(branch, exc, logger)
                 return
             time.sleep(delay * (1 + random.uniform(0, IO_RETRIES["retry_jitter_factor"])))
         except RepoError as exc:
-            _warn_branch_left(branch, exc)
+            _warn_branch_left(branch, exc, logger)
             return
 
 
-def _warn_branch_left(branch: str, exc: Exception) -> None:
-    logging.getLogger(__name__).warning(
-        "curate: run branch %s is left (%s); `tokenlake janitor` removes it", branch, exc
-    )
+def _warn_branch_left(branch: str, exc: Exception, logger: Any) -> None:
+    notice(f"curate: run branch {branch} is left ({exc}); `tokenlake janitor` removes it", logger=logger)
 
 
 @flow(name="curate", log_prints=True, on_failure=[discard_run_branch], on_crashed=[discard_run_branch])
@@ -104,7 +107,8 @@ def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
     """Curate the configured sources into a new dataset version on ``main``."""
     run = StageRunner.start(params)
     run.begin(open_run(params, run.repo_spec, run.branch))  # main stays untouched until publish
-    with partitions_on(params.runner.spec, params.runner.workers, params.runner.memory_limit):
+    runner = params.runner
+    with partitions_on(runner.spec, runner.workers, runner.memory_limit, runner.dashboard):
         ingested = run.run("ingest", ingest_task, params.ingest, input_commit=run.head)
         validated = run.run("validate", validate_task, params.validation, ingested.commit_id)
         deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)

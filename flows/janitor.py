@@ -11,13 +11,19 @@ process that was killed leaves one behind. A branch ``curate-<flow run id>`` is 
 Never removed: a branch whose run is alive or scheduled, whose process runs on another host
 (it cannot be checked from here), or whose run this Prefect API does not know. The
 publish lock ``lock-publish`` is removed when its holder is dead or gone.
+
+It also lists, and removes, the local scratch that SIGKILLed processes of this host left:
+loader rings in ``/dev/shm``, dedup spill folders in the temp folder (named by their owner,
+``versioning/scratch.py``; the next start of the same work removes them too).
 """
 
 from __future__ import annotations
 
 import re
+import tempfile
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -29,10 +35,12 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Crashed
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.liveness import process_alive
 from flows.wap import PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX, flow_run_of_branch, publish_in_progress
 from tasks.stage_task import IO_RETRIES
+from training.loader_ring import shm_dir
 from versioning import DataRepo, NotFound, open_repo
+from versioning.liveness import process_alive
+from versioning.scratch import leftovers, remove
 
 _LIVE_STATES = {StateType.RUNNING, StateType.PENDING, StateType.CANCELLING, StateType.PAUSED}
 _WAITING_STATES = {StateType.SCHEDULED}  # includes AwaitingRetry: a retry will reuse the branch
@@ -58,6 +66,28 @@ class Verdict:
     age_hours: float | None
     removed: bool
     reason: str
+
+
+@dataclass(frozen=True)
+class ScratchVerdict:
+    path: str
+    kind: str
+    pid: int
+    bytes: int
+    removed: bool
+
+
+def sweep_scratch(dry_run: bool = False) -> list[ScratchVerdict]:
+    """What dead processes of this host left in the scratch folders; removed unless ``dry_run``."""
+    verdicts = []
+    for directory in sorted({shm_dir(), Path(tempfile.gettempdir())}):
+        for leftover in leftovers(directory):
+            if not dry_run:
+                remove(leftover)
+            verdicts.append(
+                ScratchVerdict(str(leftover.path), leftover.kind, leftover.pid, leftover.bytes, not dry_run)
+            )
+    return sorted(verdicts, key=lambda v: v.path)
 
 
 def parse_age(text: str) -> float:
@@ -166,7 +196,17 @@ def janitor(params: JanitorParams = JanitorParams()) -> list[dict[str, Any]]:
     if rows:
         create_table_artifact(rows, key="janitor", description="run branches judged by the janitor")
     removed = [v.branch for v in verdicts if v.removed]
-    get_run_logger().info(
+    logger = get_run_logger()
+    logger.info(
         "janitor: removed %d branch(es)%s", len(removed), f": {', '.join(removed)}" if removed else ""
     )
+    scratch = sweep_scratch(params.dry_run)
+    if scratch:
+        create_table_artifact(
+            [asdict(v) for v in scratch], key="janitor-scratch", description="scratch left by dead processes"
+        )
+    logger.info(
+        "janitor: %s %d scratch entr(ies) of dead processes%s", "found" if params.dry_run else "removed",
+        len(scratch), f": {', '.join(v.path for v in scratch)}" if scratch else "",
+    )  # fmt: skip
     return rows

@@ -15,7 +15,7 @@ the dataset repository, so they answer the same on both adapters:
   - ``runs/_rollbacks/<tag>.json``: one record per rollback of ``main``.
 
   Whether a checkpoint is tainted is decided from its data commit and the recorded rollbacks
-  (:mod:`training.reverted`), whenever it was saved; marks record what each rollback found.
+  (:mod:`formats.rollbacks`), whenever it was saved; marks record what each rollback found.
 
 * the data commits: a publish merge names its stage chain (:class:`flows.wap.PublishRecord`),
   each stage commit carries its config hash and flow-run id, the ingest report names the
@@ -39,8 +39,8 @@ from typing import Any
 from flows.wap import published_record
 from formats import layout
 from formats.layout import LINEAGE_BRANCH
+from formats.rollbacks import RecordedRollbacks, Reverted, restored_from
 from training.checkpoint import META
-from training.reverted import RecordedRollbacks, Reverted, restored_from
 from versioning import DataRepo, NotFound
 
 READ_WORKERS = 16  # records are small; on lakeFS each read is one HTTP round trip
@@ -67,7 +67,7 @@ class TaintMark:
 class CheckpointRecord:
     """A checkpoint as lineage knows it: the trainer's record, the verdict on its data, the taint marks.
 
-    ``tainted`` is the verdict (:mod:`training.reverted`): its data commit holds data a rollback
+    ``tainted`` is the verdict (:mod:`formats.rollbacks`): its data commit holds data a rollback
     took off main. ``taints`` are the marks rollbacks wrote; a checkpoint saved (or recorded)
     after the rollback that reverted its data is tainted before any mark names it, until
     ``tokenlake rollback`` runs again and marks it."""
@@ -239,7 +239,7 @@ class DataVersion:
     restores: str  # for rollback commits: the commit whose content main was restored to
     stages: tuple[StageCommit, ...]
     sources: tuple[dict[str, Any], ...]
-    reverted_by: tuple[str, ...]  # the tag of the rollback that took this data off main (training.reverted)
+    reverted_by: tuple[str, ...]  # the tag of the rollback that took this data off main (formats.rollbacks)
 
 
 def describe_data(repo: DataRepo, ref: str, index: LineageIndex | None = None) -> DataVersion:

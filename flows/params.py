@@ -8,12 +8,21 @@ file (source paths, a local repository) are taken relative to the file's directo
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from flows.commands.values import one_sentence
 from formats.mix import MixSpec
@@ -114,6 +123,11 @@ class RunnerConfig(BaseModel):
         default="auto",
         description="dask LocalCluster: memory per worker process, e.g. 2GiB ('auto' shares the machine's)",
     )
+    dashboard: str | None = Field(
+        default=None,
+        description="dask LocalCluster: serve the Dask dashboard at this address, e.g. :8787 or "
+        "127.0.0.1:8787, and print its URL (needs bokeh); default none",
+    )
 
     @field_validator("memory_limit")
     @classmethod
@@ -128,6 +142,19 @@ class RunnerConfig(BaseModel):
                     f"memory_limit {value!r} is not a size: write e.g. 2GiB, 512MB or auto"
                 ) from None
         return value
+
+    @model_validator(mode="after")
+    def _dashboard_is_servable(self) -> RunnerConfig:
+        if self.dashboard is None:
+            return self
+        if self.spec != "dask":
+            raise ValueError(
+                "dashboard is for a Dask LocalCluster started for the run (spec dask); "
+                "an existing scheduler serves its own"
+            )
+        if importlib.util.find_spec("bokeh") is None:
+            raise ValueError("dashboard needs bokeh, which Dask draws it with: pip install 'bokeh>=3.1'")
+        return self
 
 
 class CurateParams(BaseModel):

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 
 from flows.wap import PublishBusy, publish_in_progress, publish_lock
 from formats.layout import MAIN, RESTORE_STAGE, REVERT_STAGE, ROLLBACK_STAGE, ROLLBACK_TAG_PREFIX
+from formats.rollbacks import HARD_RESET
 from tasks.stage import tokenlake_version
-from training.reverted import HARD_RESET
 from versioning import Conflict, DataRepo, MergeConflict, NoChanges, NotFound, RepoError
 
 

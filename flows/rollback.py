@@ -18,7 +18,7 @@
    (history after it leaves ``main``; the tag then marks the target).
    ``repo.diff(target, main) == []`` is checked before anything is reported.
 3. **Taint** (never delete) checkpoints trained on data no longer on ``main``: the rule of
-   :mod:`training.reverted`, over this rollback and every recorded one, decides from each
+   :mod:`formats.rollbacks`, over this rollback and every recorded one, decides from each
    checkpoint's data commit. Roughly, a data commit is tainted when it was on ``main`` before
    the rollback and is not reachable from the target (a reverted publish, or a stage commit
    of the curate run that made it), or is built on such a commit (e.g. an unpublished curate

@@ -16,18 +16,23 @@ not depend on which runner ran them (``tests/flows/test_curate_runners.py``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
+from flows.notices import notice
 from tasks.partition_map import InProcess, use
 from tasks.partition_task import OnTaskRunner
 
 
-def task_runner(spec: str, workers: int = 1, memory_limit: str = "auto") -> TaskRunner:
-    """The Prefect task runner named by ``spec`` (``local``, ``dask`` or ``dask:<scheduler address>``)."""
+def task_runner(
+    spec: str, workers: int = 1, memory_limit: str = "auto", dashboard: str | None = None
+) -> TaskRunner:
+    """The Prefect task runner named by ``spec`` (``local``, ``dask`` or ``dask:<scheduler address>``);
+    ``dashboard``: the address of a LocalCluster's dashboard, none by default."""
     kind, _, address = spec.partition(":")
     if kind == "local" and not address:
         return (
@@ -45,7 +50,10 @@ def task_runner(spec: str, workers: int = 1, memory_limit: str = "auto") -> Task
             "threads_per_worker": 1,  # stages are CPU-bound Python, NumPy and Arrow: one partition per core
             "processes": True,
             "memory_limit": memory_limit,
-            "dashboard_address": None,
+            "dashboard_address": dashboard,
+            # distributed starts the scheduler's HTTP server (health, metrics) without a dashboard
+            # too, on :8787 of the scheduler's host: loopback on a free port keeps it out of the way
+            "scheduler_kwargs": {} if dashboard else {"dashboard_address": "127.0.0.1:0"},
             # Arrow's default pool (mimalloc) keeps the pages a finished partition freed, so a
             # worker's RSS only grows and Dask pauses it at 80% of memory_limit with nothing to
             # spill: the system allocator, with the MALLOC_TRIM_THRESHOLD_ Dask sets, returns them.
@@ -58,16 +66,41 @@ def task_runner(spec: str, workers: int = 1, memory_limit: str = "auto") -> Task
 
 
 @contextmanager
-def partitions_on(spec: str, workers: int = 1, memory_limit: str = "auto") -> Iterator[TaskRunner | None]:
+def partitions_on(
+    spec: str, workers: int = 1, memory_limit: str = "auto", dashboard: str | None = None
+) -> Iterator[TaskRunner | None]:
     """Stages called inside the block submit their partitions to the runner named by ``spec``
     (in this process, as outside a flow, for one local worker)."""
     if spec == "local" and workers == 1:
         with use(InProcess()):
             yield None
         return
-    runner = task_runner(spec, workers, memory_limit)
-    with dask_worker_config(spec), runner, use(OnTaskRunner(runner)):
+    runner = task_runner(spec, workers, memory_limit, dashboard)
+    with dask_worker_config(spec), _entered(runner, spec, dashboard), use(OnTaskRunner(runner)):
         yield runner
+
+
+@contextmanager
+def _entered(runner: TaskRunner, spec: str, dashboard: str | None) -> Iterator[None]:
+    """Enter ``runner``; a dashboard asked for is announced with its URL. prefect-dask announces a
+    LocalCluster's scheduler HTTP server as "the Dask dashboard" whether or not one is served:
+    without one, that line is dropped."""
+    unasked = _UnaskedDashboardLine() if spec == "dask" and dashboard is None else None
+    if unasked:
+        runner.logger.addFilter(unasked)
+    try:
+        with runner:
+            if dashboard is not None:
+                notice(f"Dask dashboard: {runner.client.dashboard_link}", logging.INFO)
+            yield
+    finally:
+        if unasked:
+            runner.logger.removeFilter(unasked)
+
+
+class _UnaskedDashboardLine(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("The Dask dashboard is available")
 
 
 def dask_worker_config(spec: str) -> AbstractContextManager[Any]:

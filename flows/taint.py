@@ -3,7 +3,7 @@
 version.
 
 Steps 3 and 4 of a rollback; :mod:`flows.rollback` is the flow around it, and
-:mod:`training.reverted` decides which data is reverted (so which checkpoints are tainted).
+:mod:`formats.rollbacks` decides which data is reverted (so which checkpoints are tainted).
 :mod:`flows.restore` restores ``main`` (steps 1 and 2).
 """
 
@@ -28,8 +28,8 @@ from formats.layout import (
     rollback_record_path,
     taint_record_path,
 )
+from formats.rollbacks import RecordedRollbacks, RollbackRecord
 from training.checkpoint import CheckpointError, step_dir_name, verify_checkpoint
-from training.reverted import RecordedRollbacks, RollbackRecord
 from versioning import Conflict, DataRepo
 
 
@@ -50,7 +50,7 @@ def find_tainted(
 ) -> list[CheckpointRecord]:
     """Checkpoints trained on reverted data that no mark of the rollback which reverted it names yet.
 
-    The verdict is :mod:`training.reverted`'s, over every recorded rollback plus ``rollback`` (one
+    The verdict is :mod:`formats.rollbacks`'s, over every recorded rollback plus ``rollback`` (one
     that just ran, whose record is not written yet). So a checkpoint saved after an earlier
     rollback, or whose lineage record arrived late, is found as well as those the new rollback
     takes off main."""

@@ -36,7 +36,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.commands.train import DEFAULT_STEPS
+from flows.defaults import DEFAULT_STEPS
 from formats.layout import MAIN
 from tasks.stage_task import IO_RETRIES
 from training.checkpoint import list_checkpoints, newest_valid

@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import time
@@ -31,13 +30,14 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 from flows import publish_guard
-from flows.liveness import process_alive
+from flows.notices import notice
 from formats import layout
 from formats.layout import DATASET_TAG_PREFIX as TAG_PREFIX
 from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, PUBLISH_STAGE, RUN_BRANCH_PREFIX
+from formats.rollbacks import restored_from
 from tasks.stage import tokenlake_version
-from training.reverted import restored_from
 from versioning import Commit, Conflict, DataRepo, NoChanges, NotFound
+from versioning.liveness import process_alive
 
 LOCK_CANDIDATE_SUFFIX = "-lock"
 
@@ -178,10 +178,10 @@ def _take_over_dead_lock(repo: DataRepo, lock_commit: str, holder: dict[str, str
     on this host judging one dead lock within the same few milliseconds could still both go on."""
     if repo.list_branches().get(PUBLISH_LOCK_BRANCH) != lock_commit:
         return
-    logging.getLogger(__name__).warning(
-        "publish lock of flow run %s (process %s on %s) is held by a dead process; taking it over",
-        holder["flow_run_id"], holder["pid"], holder["host"],
-    )  # fmt: skip
+    notice(
+        f"publish lock of flow run {holder['flow_run_id']} (process {holder['pid']} on {holder['host']}) "
+        "is held by a dead process; taking it over"
+    )
     _delete_if_present(repo, PUBLISH_LOCK_BRANCH)  # the janitor may have freed it meanwhile
 
 

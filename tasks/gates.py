@@ -38,7 +38,7 @@ from tasks.parts import clear_prefix, put_json
 from versioning import DataRepo, data_home
 
 if TYPE_CHECKING:
-    from tasks.stage import StageReport
+    from tasks.report import StageReport
 
 GATE_TEXT_CHARS = 100  # the frame holds the start of each text; ``text_chars`` its full length
 DOCS_SITE = "tokenlake"

@@ -61,7 +61,8 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
-    from training.trainer import TrainingError, train
+    from training.errors import TrainingError
+    from training.trainer import train
 
     try:
         train(config)

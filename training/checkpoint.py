@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from formats.digest import file_sha256
 from training.errors import TrainingError
 from training.staging import HostStaging, StagedState
 from versioning.diskspace import disk_full_message, is_disk_full
@@ -40,7 +41,6 @@ FORMAT_VERSION = 1
 COMPLETE = "COMPLETE"
 META = "meta.json"
 _STEP_DIR = re.compile(r"^step-(\d{7,})$")
-_HASH_CHUNK = 8 << 20
 
 
 class CheckpointError(TrainingError):
@@ -176,14 +176,6 @@ def _write_into(
     return final
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def verify_checkpoint(path: Path) -> CheckpointInfo:
     """Check ``COMPLETE`` against every file; raise CheckpointError naming the first problem."""
     try:
@@ -204,7 +196,7 @@ def verify_checkpoint(path: Path) -> CheckpointInfo:
             raise CheckpointError(
                 f"{path}: {name} is {file.stat().st_size} bytes, {COMPLETE} says {expected['bytes']}"
             )
-        if _sha256_file(file) != expected["sha256"]:
+        if file_sha256(file) != expected["sha256"]:
             raise CheckpointError(f"{path}: {name} does not match its sha256 in {COMPLETE} (corrupted)")
     meta = json.loads((path / META).read_text())
     return CheckpointInfo(path, int(complete["step"]), meta)

@@ -34,6 +34,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from versioning import data_home
+
 _ENDPOINT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$")
 _RDZV_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -183,7 +185,7 @@ def run_pod(args: argparse.Namespace) -> int:
     os.environ.update(shape)
     index = int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
     if index > 0:
-        follow(Path(os.environ.get("TOKENLAKE_HOME", ".tokenlake")), args.rdzv_id, args.timeout)
+        follow(data_home(), args.rdzv_id, args.timeout)
     command = [c for c in args.flow_command if c != "--"]
     if not command:
         raise SystemExit("pod 0 needs the flow run's command after --")
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     follower = commands.add_parser("follow", help="wait for the launch file, then run the same torchrun")
-    follower.add_argument("--home", type=Path, default=os.environ.get("TOKENLAKE_HOME", ".tokenlake"))
+    follower.add_argument("--home", type=Path, default=data_home())
     follower.add_argument("--rdzv-id", default=os.environ.get("TOKENLAKE_RDZV_ID"))
     follower.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the launch file")
     pod = commands.add_parser(

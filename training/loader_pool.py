@@ -424,7 +424,7 @@ def make_loader(
         dataset.seq_len + 1,
     )  # fmt: skip
     if dist.local_rank == 0:
-        ring = Ring.create(layout, f"node{node}")
+        ring = Ring.create(layout, f"node{node}", warn)
         spec_path = Path(f"{ring.path}.commit.json")
         spec_path.write_text(json.dumps({"manifest": files.manifest.decode(), "mix": files.mix.decode(),
                                          "tokenizer_sha256": files.tokenizer_sha256}))  # fmt: skip

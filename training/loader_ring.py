@@ -29,10 +29,13 @@ import mmap
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from versioning.scratch import owned_prefix, sweep
 
 MAGIC = 0x544C4B52494E4731  # "TLKRING1"
 EMPTY, WRITING, READY = 0, 1, 2
@@ -50,6 +53,9 @@ _HEADER_WORDS = _SKIP_PAIRS + 2 * MAX_SKIPPED
 _TEXTS = ("error", "status", "fatal")
 _TEXT_WORDS = TEXT_BYTES // 8
 _SLOT_HEADER = 4  # state, version, start, end
+
+
+RING_KIND = "loader"  # rings are named by their owner (versioning/scratch.py): a killed job's are swept
 
 
 def shm_dir() -> Path:
@@ -151,8 +157,11 @@ class Ring:
         self._slot_base = _HEADER_WORDS + len(_TEXTS) * _TEXT_WORDS
 
     @classmethod
-    def create(cls, layout: RingLayout, tag: str) -> Ring:
-        path = shm_dir() / f"tokenlake-loader-{tag}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    def create(cls, layout: RingLayout, tag: str, warn: Callable[[str], None]) -> Ring:
+        """A new ring, named by this process; first the rings of SIGKILLed jobs go (their owner is dead)."""
+        for left in sweep(shm_dir(), RING_KIND):  # a ring and its commit file
+            warn(f"removed {left.path} ({left.bytes} bytes), left by pid {left.pid}, which is dead")
+        path = shm_dir() / f"{owned_prefix(RING_KIND)}{tag}-{time.monotonic_ns() % 10**9}"
         return cls(path, layout, create=True)
 
     def close(self, unlink: bool = False) -> None:

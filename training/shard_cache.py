@@ -41,7 +41,6 @@ import hashlib
 import json
 import math
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,31 +48,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from formats.digest import file_sha256
 from formats.shards import ShardEntry
 from training.samples import DataError
 from versioning import DataRepo
+from versioning.liveness import pid_alive
+from versioning.scratch import HOST
 
-_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 _FOREIGN_READER_TTL_S = 600.0
 _CHUNK = 8 << 20
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _signature(path: Path) -> tuple[int, int, int]:
@@ -176,7 +159,7 @@ class ShardCache:
             known = self._verified.get(entry.sha256) == signature
         if known:
             return True
-        if sha256_file(path) != entry.sha256:
+        if file_sha256(path) != entry.sha256:
             self._warn(f"cached {entry.name} ({path.name}) is corrupt; fetching it again")
             path.unlink(missing_ok=True)
             return False
@@ -225,7 +208,7 @@ class ShardCache:
             reservation = (
                 self.root
                 / ".tmp"
-                / (f"{entry.sha256}_{need}_{_HOST}_{os.getpid()}_{threading.get_ident()}.part")
+                / (f"{entry.sha256}_{need}_{HOST}_{os.getpid()}_{threading.get_ident()}.part")
             )
             reservation.touch()
             stats["peak_bytes"] = max(stats.get("peak_bytes", 0), used + need)
@@ -276,7 +259,7 @@ class ShardCache:
             if len(parts) != 5:
                 continue
             _, size, host, pid, _ = parts
-            if host == _HOST and not _alive(int(pid)):
+            if host == HOST and not pid_alive(int(pid)):
                 Path(item.path).unlink(missing_ok=True)
                 continue
             total += int(size)
@@ -294,8 +277,8 @@ class ShardCache:
                 stale = now - item.stat().st_mtime > _FOREIGN_READER_TTL_S
             except (OSError, ValueError):
                 continue
-            if content["host"] == _HOST:
-                if not _alive(content["pid"]):
+            if content["host"] == HOST:
+                if not pid_alive(content["pid"]):
                     Path(item.path).unlink(missing_ok=True)
                     continue
             elif stale:
@@ -342,12 +325,12 @@ class CacheReader:
         with CacheReader._count_guard:
             CacheReader._count += 1
             number = CacheReader._count
-        self.path = directory / f"{_HOST}-{os.getpid()}-{number}.json"
+        self.path = directory / f"{HOST}-{os.getpid()}-{number}.json"
         self._last: dict[str, int] | None = None
 
     def set_needs(self, needs: dict[str, int]) -> None:
         if needs != self._last:
-            _write_json_atomically(self.path, {"host": _HOST, "pid": os.getpid(), "needs": needs})
+            _write_json_atomically(self.path, {"host": HOST, "pid": os.getpid(), "needs": needs})
             self._last = dict(needs)
 
     def close(self) -> None:

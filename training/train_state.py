@@ -2,7 +2,7 @@
 ``load_state_dict``), and where each lives in a checkpoint's files.
 
 The trainer declares them once, as ``Trainer.states`` (``training/trainer.py``,
-``Trainer._build_checkpointing``): a mapping ``name -> (stateful, Slot)`` that saving and
+``Trainer._declare_states``): a mapping ``name -> (stateful, Slot)`` that saving and
 loading both walk (:meth:`training.checkpoint.CheckpointManager.collect` and ``restore``),
 as torchtitan's ``CheckpointManager(states=...)`` does. Adding a piece is one line there.
 

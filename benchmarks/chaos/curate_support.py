@@ -215,6 +215,6 @@ def publishes_on_main(repo: DataRepo) -> int:
 
 def janitor_verdicts(out: subprocess.CompletedProcess) -> list[dict[str, Any]]:
     try:
-        return json.loads(out.stdout)
-    except json.JSONDecodeError:
+        return json.loads(out.stdout)["branches"]
+    except (json.JSONDecodeError, KeyError, TypeError):
         return []

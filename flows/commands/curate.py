@@ -37,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="where partitions run: local, dask (a LocalCluster), dask:tcp://host:8786 (an existing scheduler)",
     )
     curate.add_argument("--workers", type=int, metavar="N", help="local processes, or LocalCluster workers")
+    curate.add_argument(
+        "--dashboard",
+        metavar="ADDRESS",
+        help="with --runner dask: serve the Dask dashboard there (e.g. :8787; needs bokeh)",
+    )
     curate.set_defaults(handler=run_curate)
 
     datasets = subparsers.add_parser("datasets", help="list published dataset versions")
@@ -45,9 +50,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     janitor = subparsers.add_parser(
         "janitor",
-        help="remove run branches left by killed curate runs",
+        help="remove run branches left by killed curate runs, and scratch left by killed processes",
         description="Remove curate-* branches whose flow run is dead and ended at least MAX_AGE ago "
-        "(never a live run's), and a publish lock held by a dead process.",
+        "(never a live run's), a publish lock held by a dead process, and the loader rings and dedup "
+        "spill folders that dead processes of this host left.",
     )
     janitor.add_argument("--max-age", default="24h", help="e.g. 36h, 90m, 2d, 0 (default: 24h)")
     janitor.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
@@ -74,14 +80,16 @@ def run_curate(args: argparse.Namespace) -> int:
     params = CurateParams.from_toml(args.config)
     if args.repo:
         params.repository.spec = args.repo
-    if args.runner or args.workers:
+    if args.runner or args.workers or args.dashboard:
         runner = params.runner.model_dump() | {"spec": args.runner or params.runner.spec}
         try:
             params.runner = RunnerConfig.model_validate(
-                runner | ({"workers": args.workers} if args.workers else {})
+                runner
+                | ({"workers": args.workers} if args.workers else {})
+                | ({"dashboard": args.dashboard} if args.dashboard else {})
             )
         except ValidationError as exc:
-            raise ValueError(f"--runner/--workers: {one_sentence(exc)}") from None
+            raise ValueError(f"--runner/--workers/--dashboard: {one_sentence(exc)}") from None
     curate_and_report(params, as_json=args.json)
     return 0
 
@@ -281,16 +289,24 @@ def run_datasets(args: argparse.Namespace) -> int:
 
 
 def run_janitor(args: argparse.Namespace) -> int:
-    from flows.janitor import parse_age, sweep
+    from flows.janitor import parse_age, sweep, sweep_scratch
     from versioning import open_repo
 
     verdicts = sweep(open_repo(args.repo, create=False), parse_age(args.max_age), args.dry_run)
+    scratch = sweep_scratch(args.dry_run)
     if args.json:
-        print(json.dumps([asdict(v) for v in verdicts], indent=2))
-    elif verdicts:
-        print(format_table([asdict(v) for v in verdicts]))
-    else:
-        print("no run branches: nothing to clean")
+        print(
+            json.dumps(
+                {"branches": [asdict(v) for v in verdicts], "scratch": [asdict(v) for v in scratch]}, indent=2
+            )
+        )
+        return 0
+    print(format_table([asdict(v) for v in verdicts]) if verdicts else "no run branches: nothing to clean")
+    if scratch:
+        print(
+            f"\nscratch left by dead processes on this host ({'kept: --dry-run' if args.dry_run else 'removed'}):"
+        )
+        print(format_table([asdict(v) for v in scratch]))
     return 0
 
 

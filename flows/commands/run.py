@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from flows.commands.curate import print_version, run_with_progress
-from flows.commands.train import DEFAULT_STEPS
 from flows.commands.values import positive_number, whole_number
+from flows.defaults import DEFAULT_STEPS
 
 
 def command(name: str) -> str:

@@ -20,9 +20,8 @@ import json
 from typing import Any
 
 from flows.commands.values import whole_number
+from flows.defaults import DEFAULT_STEPS
 from formats.layout import MAIN
-
-DEFAULT_STEPS = 300  # the train flow's, its deployment's and the demo's: one default
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

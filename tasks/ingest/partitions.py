@@ -24,7 +24,7 @@ import orjson
 import pyarrow.parquet as pq
 
 from tasks.ingest.config import IngestConfig, SourceConfig
-from tasks.ingest.readers import iter_lines, open_jsonl
+from tasks.ingest.streams import iter_lines, open_jsonl
 from tasks.stage import ConfigError
 
 SCAN_CHUNK = 8 << 20

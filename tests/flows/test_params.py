@@ -3,10 +3,13 @@ before, still loads (old TOML files and saved deployment parameters)."""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import re
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from flows.params import CurateParams
 
@@ -87,6 +90,7 @@ def test_a_scheduler_address_becomes_a_dask_task_runner_on_it():
         "processes": True,
         "memory_limit": "512MiB",
         "dashboard_address": None,
+        "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"},
         "env": {"ARROW_DEFAULT_MEMORY_POOL": "system"},
     }
 
@@ -123,3 +127,41 @@ def test_a_lakefs_repository_name_lakefs_would_refuse_fails_the_parameters():
         CurateParams.from_dict({"repository": {"spec": "lakefs://good-name"}}).repository.spec
         == "lakefs://good-name"
     )
+
+
+def test_a_cluster_started_for_the_run_serves_no_dashboard_and_says_none_unless_asked(caplog):
+    from flows.notices import to_console
+    from flows.runners import partitions_on
+
+    said: list[str] = []
+    caplog.set_level(logging.INFO, logger="prefect.task_runner.dask")
+    with to_console(lambda level, message: said.append(message)), partitions_on("dask", 1, "1GiB") as runner:
+        http = runner.client.scheduler_info()["services"]["dashboard"]
+        address = runner.client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.http_server.address)
+    prefect_dask = [r.getMessage() for r in caplog.records if r.name == "prefect.task_runner.dask"]
+    assert prefect_dask and not [m for m in prefect_dask if "dashboard" in m.lower()] and said == []
+    # the HTTP server distributed always starts (health, metrics): loopback, a free port, never :8787
+    assert address == "127.0.0.1" and http != 8787
+
+
+def test_a_dashboard_asked_for_is_served_and_its_url_said(caplog):
+    import urllib.request
+
+    from flows.notices import to_console
+    from flows.runners import partitions_on
+
+    said: list[tuple[int, str]] = []
+    with to_console(lambda level, message: said.append((level, message))):
+        with partitions_on("dask", 1, "1GiB", dashboard="127.0.0.1:0") as runner:
+            url = runner.client.dashboard_link
+            with urllib.request.urlopen(url) as page:  # without bokeh, Dask's page that says so
+                assert page.status == 200
+    assert said == [(logging.INFO, f"Dask dashboard: {url}")]
+
+
+def test_a_dashboard_needs_a_cluster_started_for_the_run_and_bokeh():
+    with pytest.raises(ValidationError, match="an existing scheduler serves its own"):
+        CurateParams.model_validate({"runner": {"spec": "dask:tcp://scheduler:8786", "dashboard": ":8787"}})
+    if importlib.util.find_spec("bokeh") is None:
+        with pytest.raises(ValidationError, match="pip install 'bokeh"):
+            CurateParams.model_validate({"runner": {"spec": "dask", "dashboard": ":8787"}})

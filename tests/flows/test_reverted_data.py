@@ -1,4 +1,4 @@
-"""The rule of ``training.reverted`` on hand-made versions, on both repository backends: which data
+"""The rule of ``formats.rollbacks`` (and the trainer's refusal, ``training.reverted``) on hand-made versions, on both repository backends: which data
 commits a rollback reverted, whenever they were committed or trained on; what makes them good
 again; taint marks added by running the rollback again.
 """
@@ -12,8 +12,9 @@ from flows.lineage import describe_data, read_lineage
 from flows.restore import AlreadyRestored, plan_rollback, restore_main
 from flows.taint import find_tainted, mark_tainted, plan_or_marks, rollback_record
 from flows.wap import MAIN
+from formats.rollbacks import RecordedRollbacks
 from tests.flows.lineage_support import BAD_SOURCES, GOOD_SOURCES, publish_version, write_checkpoint_records
-from training.reverted import RecordedRollbacks, RevertedDataRefused, check_training_data
+from training.reverted import RevertedDataRefused, check_training_data
 from versioning import DataRepo
 
 

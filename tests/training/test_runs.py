@@ -14,8 +14,9 @@ from training.config import CheckpointConfig, FaultConfig
 from training.data import DataError, ShardCache, batch_positions, open_dataset
 from training.errors import TrainingError
 from training.metrics import read_metrics
+from training.resume import DataChangeRefused
 from training.synthetic import publish_synthetic_dataset
-from training.trainer import DataChangeRefused, train
+from training.trainer import train
 from versioning.local import LocalRepo
 
 pytestmark = pytest.mark.slow

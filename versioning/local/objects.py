@@ -43,6 +43,7 @@ from typing import BinaryIO, Protocol
 import blake3
 
 from versioning.diskspace import DiskFull, disk_full_message, is_disk_full
+from versioning.liveness import pid_alive
 from versioning.port import InvalidPath, NotFound, PutSource
 
 CHUNK_BYTES = 8 << 20
@@ -163,7 +164,7 @@ class ObjectStore:
                         removed += 1
         for entry in os.scandir(self.temp_dir):
             pid_text = entry.name.split("-", 1)[0]
-            if not pid_text.isdigit() or int(pid_text) == os.getpid() or _process_alive(int(pid_text)):
+            if not pid_text.isdigit() or int(pid_text) == os.getpid() or pid_alive(int(pid_text)):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
@@ -400,16 +401,6 @@ def _fsync_dir(path: Path | str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _load_syncfs() -> Callable[[int], int] | None:

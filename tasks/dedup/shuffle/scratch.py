@@ -7,6 +7,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -18,8 +19,16 @@ from tasks.dedup.plan import REQUIRED_COLUMNS, _byte_batches, keys_from_arrow
 from tasks.dedup.shingles import content_keys
 from tasks.parts import list_parts, put_table, read_part, read_part_in_row_groups
 from versioning import DataRepo, validate_path
+from versioning.scratch import owned_prefix, sweep
 
 KEY = pa.binary(16)
+
+
+def local_scratch(kind: str) -> tempfile.TemporaryDirectory[str]:
+    """A local folder for spilled rows, named by its owner; what killed workers of this host left
+    of the same kind is removed first (versioning/scratch.py)."""
+    sweep(Path(tempfile.gettempdir()), kind)
+    return tempfile.TemporaryDirectory(prefix=owned_prefix(kind))
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,7 @@ class ShuffleRun:
                 ],
             )
             return
-        with tempfile.TemporaryDirectory(prefix="tokenlake-dedup-slices-") as spill:
+        with local_scratch("dedup-slices") as spill:
             names: list[list[str | None]] = [[None] * slices for _ in inputs]
             for n, (sliced, files) in enumerate(zip(inputs, listed, strict=True)):
                 writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
@@ -228,7 +237,7 @@ class BucketWriter:
 
     def _spill_pending(self) -> None:
         if self._spill is None:
-            self._spill = tempfile.TemporaryDirectory(prefix="tokenlake-dedup-out-")
+            self._spill = local_scratch("dedup-out")
         for b, tables in self._pending.items():
             name = os.path.join(self._spill.name, f"{b}-{len(self._spilled.get(b, []))}.arrow")
             with pa.ipc.new_stream(name, tables[0].schema) as writer:
