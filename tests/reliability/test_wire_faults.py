@@ -25,20 +25,27 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 
 from flows.curate import curate
 from flows.services.build import build, load_pins
 from flows.services.local_lakefs import LakeFSOnS3
 from flows.services.toxiproxy import ToxiproxyServer
-from flows.wap import MAIN, RUN_BRANCH_PREFIX
+from flows.wap import LOCK_CANDIDATE_SUFFIX, MAIN, RUN_BRANCH_PREFIX
+from formats.layout import PUBLISH_LOCK_BRANCH
 from formats.shards import Manifest
 from tests.flows.curate_support import params_for, write_corpus
+from tests.training import test_streaming_lakefs as streaming
+from tests.training.helpers import train_records
+from training.synthetic import publish_synthetic_dataset
+from training.trainer import train
 from versioning import NotFound, RepoError
 from versioning.lakefs import LakeFSRepo
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 OUTAGE_S = 30.0
+healthy = streaming.healthy  # a local run's losses on the same synthetic dataset: the reference
 
 
 class Wire:
@@ -136,30 +143,47 @@ def counted_retries() -> Iterator[list[logging.LogRecord]]:
         logger.removeHandler(handler)
 
 
-def once_a_stage_committed(
-    wire: Wire, repository: str, stage: str, act: Callable[[], None]
-) -> threading.Thread:
-    """A thread that calls ``act`` once the run branch of ``repository`` holds ``stage``'s commit
-    (an event, looked at past the proxy, so the fault lands in the middle of the run)."""
+class Trigger:
+    """Calls ``act`` once ``seen(repo, branches)`` holds for ``repository``, looked at past the
+    proxy (an event in the run, so the fault lands where it is meant to); ``fired`` says it did."""
 
-    def watch() -> None:
+    def __init__(self, wire: Wire, repository: str, seen, act: Callable[[], None]):
+        self.fired = threading.Event()
+        self.stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(wire, repository, seen, act), daemon=True)
+        self._thread.start()
+
+    def _watch(self, wire: Wire, repository: str, seen, act: Callable[[], None]) -> None:
         probe = wire.direct(repository)
-        while True:
+        while not self.stop.is_set():
             try:
-                for branch, head in probe.list_branches().items():
-                    if (
-                        branch.startswith(RUN_BRANCH_PREFIX)
-                        and probe.get_commit(head).metadata.get("stage") == stage
-                    ):
-                        act()
-                        return
+                if seen(probe, probe.list_branches()):
+                    self.fired.set()
+                    act()
+                    return
             except (NotFound, RepoError):
                 pass  # the repository or its run branch is not there yet
-            threading.Event().wait(0.05)
+            self.stop.wait(0.01)
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+    def __enter__(self) -> Trigger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self._thread.join()
+        assert self.fired.is_set(), "the fault never fired: the run ended before its event"
+
+
+def ingest_committed(probe: LakeFSRepo, branches: dict[str, str]) -> bool:
+    return any(
+        branch.startswith(RUN_BRANCH_PREFIX) and probe.get_commit(head).metadata.get("stage") == "ingest"
+        for branch, head in branches.items()
+    )
+
+
+def publishing(probe: LakeFSRepo, branches: dict[str, str]) -> bool:
+    """The publish is taking its lock: the merge into main comes next."""
+    return PUBLISH_LOCK_BRANCH in branches or any(b.endswith(LOCK_CANDIDATE_SUFFIX) for b in branches)
 
 
 def assert_one_of_the_two_outcomes(wire: Wire, corpus, tmp_path, reference, fault: str, during) -> None:
@@ -206,45 +230,76 @@ def test_a_steady_fault_on_the_wire(on_the_wire, corpus, tmp_path, reference, fa
     )
 
 
-def test_an_outage_in_the_middle_of_a_stage(on_the_wire, corpus, tmp_path, reference):
-    wire = on_the_wire
-    healed = threading.Event()
+def outage(wire: Wire, seen, length_s: float = OUTAGE_S):
+    """The lakeFS proxy cut for ``length_s`` once ``seen`` holds (the fault's length, not a wait);
+    healed early if the run ends inside it."""
 
-    @contextmanager
-    def outage_after_ingest(name: str):
+    def during(name: str) -> Trigger:
         def cut() -> None:
             wire.toxiproxy.set_enabled(wire.api, False)
-            healed.wait(OUTAGE_S)  # the fault's length, not a wait for the system
+            trigger.stop.wait(length_s)
             wire.toxiproxy.set_enabled(wire.api, True)
 
-        watcher = once_a_stage_committed(wire, name, "ingest", cut)
-        try:
-            yield
-        finally:
-            healed.set()
-            watcher.join()
+        trigger = Trigger(wire, name, seen, cut)
+        return trigger
 
-    assert_one_of_the_two_outcomes(wire, corpus, tmp_path, reference, "outage-30s", outage_after_ingest)
+    return during
 
 
-def test_lakefs_killed_in_the_middle_of_a_stage_and_restarted(on_the_wire, corpus, tmp_path, reference):
-    wire = on_the_wire
+def kill_lakefs(wire: Wire, seen):
     lakefs = wire.stack.lakefs
 
-    @contextmanager
-    def kill_after_ingest(name: str):
-        def kill_and_restart() -> None:
-            lakefs.kill()
-            lakefs.restart()
+    def kill_and_restart() -> None:
+        lakefs.kill()
+        lakefs.restart()
 
-        watcher = once_a_stage_committed(wire, name, "ingest", kill_and_restart)
-        try:
-            yield
-        finally:
-            watcher.join()
+    return lambda name: Trigger(wire, name, seen, kill_and_restart)
 
-    assert_one_of_the_two_outcomes(wire, corpus, tmp_path, reference, "kill-9-lakefs", kill_after_ingest)
-    assert lakefs.process.running()
+
+EVENT_FAULTS = {
+    "outage-30s-in-a-stage": lambda wire: outage(wire, ingest_committed),
+    "outage-30s-in-the-publish": lambda wire: outage(wire, publishing),
+}
+
+
+@pytest.mark.parametrize("fault", list(EVENT_FAULTS))
+def test_an_outage_in_the_middle_of_the_run(on_the_wire, corpus, tmp_path, reference, fault):
+    during = EVENT_FAULTS[fault](on_the_wire)
+    assert_one_of_the_two_outcomes(on_the_wire, corpus, tmp_path, reference, fault, during)
+
+
+@pytest.mark.parametrize("seen", [ingest_committed, publishing], ids=["in-a-stage", "in-the-publish"])
+def test_lakefs_killed_and_restarted_in_the_middle_of_the_run(on_the_wire, corpus, tmp_path, reference, seen):
+    during = kill_lakefs(on_the_wire, seen)
+    assert_one_of_the_two_outcomes(
+        on_the_wire, corpus, tmp_path, reference, f"kill-9-lakefs-{seen.__name__.replace('_', '-')}", during
+    )
+    assert on_the_wire.stack.lakefs.process.running()
+
+
+def test_training_streams_through_resets_and_latency_bit_exact(on_the_wire, healthy, tmp_path):
+    _, reference_losses = healthy
+    name = f"wire-train-{uuid.uuid4().hex[:8]}"
+    repo = LakeFSRepo.from_lakectl(name)
+    repo.ensure()
+    commit = publish_synthetic_dataset(
+        repo, "main", streaming.SOURCES, seq_len=32, vocab_size=256, total_samples=1200,
+        shards_per_source=streaming.SHARDS_PER_SOURCE,
+    )  # fmt: skip
+    run = streaming.config("through-the-wire", tmp_path / "home", f"lakefs://{name}", commit)
+    toxiproxy, api = on_the_wire.toxiproxy, on_the_wire.api
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the reference ran
+    try:
+        with (
+            toxiproxy.toxic(api, "reset_peer", {"timeout": 0}, toxicity=0.2),
+            toxiproxy.toxic(api, "latency", {"latency": 200, "jitter": 100}, name="latency"),
+        ):
+            train(run)
+    finally:
+        torch.set_num_threads(threads)
+    assert [r["loss"] for r in train_records(run.run_dir())] == reference_losses  # bit for bit
+    # The loader processes retry on their own (their WARNING lines are in the captured output).
 
 
 def test_the_faults_reach_the_wire(on_the_wire):

@@ -27,7 +27,10 @@ from prefect.client.orchestration import get_client
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.services.stack import Stack
+from flows.wap import RUN_BRANCH_PREFIX
+from formats.shards import Manifest
 from tests.flows.curate_support import params_for, write_corpus
+from versioning import NotFound
 from versioning.lakefs import LakeFSRepo
 
 pytestmark = pytest.mark.slow
@@ -123,3 +126,63 @@ def test_curate_train_rollback_and_lineage_through_the_stack(stack, tmp_path):
     after = _tokenlake(cli_env, "--repo", spec, "lineage", f"{run}@4")["checkpoint"]
     assert after["data_commit"] == before["data_commit"]
     assert after["tainted"] and after["tainted_by"] == report["tag"], after
+
+
+def _published(repo: LakeFSRepo, ref: str) -> tuple:
+    manifest = Manifest.model_validate_json(repo.get(ref, "shards/manifest.json"))
+    return [(s.name, s.sha256) for s in manifest.shards], manifest.totals
+
+
+def test_the_prefect_server_killed_during_a_run_and_restarted(stack, tmp_path):
+    # One of two outcomes, as for every fault: the run finishes and publishes what a fault-free
+    # run publishes, or it ends failed or crashed with main untouched, and a re-run publishes it.
+    env = dict(stack.stack.tokenlake_environment())
+    corpus = write_corpus(tmp_path / "sources")
+    repos = {}
+    for side in ("reference", "killed"):
+        name = f"stack-{side}-{uuid.uuid4().hex[:6]}"
+        repos[side] = (name, LakeFSRepo.connect(
+            env["LAKECTL_SERVER_ENDPOINT_URL"], env["LAKECTL_CREDENTIALS_ACCESS_KEY_ID"],
+            env["LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY"], name,
+        ))  # fmt: skip
+    server = stack.prefect_server
+    with temporary_settings({PREFECT_API_URL: stack.prefect_api}):
+        name, reference = repos["reference"]
+        params = params_for(corpus, f"lakefs://{name}", tmp_path / "results-reference")
+        _run_deployment("curate/curate-nightly", {"params": params.model_dump(mode="json")})
+        (tag,) = [t for t in reference.list_tags() if t.startswith("ds-")]
+        expected = _published(reference, tag)
+
+        name, killed = repos["killed"]
+        params = params_for(corpus, f"lakefs://{name}", tmp_path / "results-killed")
+        with get_client(sync_client=True) as client:
+            deployment = client.read_deployment_by_name("curate/curate-nightly")
+            run = client.create_flow_run_from_deployment(
+                deployment.id, parameters={"params": params.model_dump(mode="json")}
+            )
+        _wait_for_a_stage_commit(killed, "ingest")
+        server.kill()  # SIGKILL, mid-run
+        server.start()
+        state = _final_state(run.id)
+        print(f"\nPrefect server SIGKILLed after the ingest commit: the run ended {state.name}")
+        if not state.is_completed():
+            assert not killed.exists("main", "shards/manifest.json"), "a failed run left a dataset on main"
+            _run_deployment("curate/curate-nightly", {"params": params.model_dump(mode="json")})
+    tags = [t for t in killed.list_tags() if t.startswith("ds-")]
+    assert len(tags) == 1 and _published(killed, tags[0]) == expected
+
+
+def _wait_for_a_stage_commit(repo: LakeFSRepo, stage: str) -> None:
+    give_up = time.monotonic() + WAIT_LIMIT_S
+    while time.monotonic() < give_up:
+        try:
+            for branch, head in repo.list_branches().items():
+                if (
+                    branch.startswith(RUN_BRANCH_PREFIX)
+                    and repo.get_commit(head).metadata.get("stage") == stage
+                ):
+                    return
+        except NotFound:
+            pass  # the run has not made the repository yet
+        time.sleep(0.05)
+    raise AssertionError(f"no {stage} commit on a run branch of {repo.name} within {WAIT_LIMIT_S} s")
