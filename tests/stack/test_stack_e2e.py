@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
 
@@ -186,3 +189,100 @@ def _wait_for_a_stage_commit(repo: LakeFSRepo, stage: str) -> None:
             pass  # the run has not made the repository yet
         time.sleep(0.05)
     raise AssertionError(f"no {stage} commit on a run branch of {repo.name} within {WAIT_LIMIT_S} s")
+
+
+def test_four_curate_runs_at_once_publish_in_turn_or_refuse_and_trainers_stream_beside_them(stack, tmp_path):
+    # Four runs of four configurations on one repository, started together through the API: each
+    # publishes in turn (the lock) or refuses in one sentence; no publish is lost (every tag's
+    # merge is on main's history). Two trainers stream a published version meanwhile.
+    env = dict(stack.stack.tokenlake_environment())
+    name = f"stack-load-{uuid.uuid4().hex[:6]}"
+    spec = f"lakefs://{name}"
+    repo = LakeFSRepo.connect(
+        env["LAKECTL_SERVER_ENDPOINT_URL"], env["LAKECTL_CREDENTIALS_ACCESS_KEY_ID"],
+        env["LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY"], name,
+    )  # fmt: skip
+    corpus = write_corpus(tmp_path / "sources")
+    endpoint = f"http://127.0.0.1:{stack.stack.ports.lakefs}"
+    with temporary_settings({PREFECT_API_URL: stack.prefect_api}):
+        seed = params_for(corpus, spec, tmp_path / "results-0")
+        _run_deployment("curate/curate-nightly", {"params": seed.model_dump(mode="json")})
+        (seeded,) = [t for t in repo.list_tags() if t.startswith("ds-")]
+        before = lakefs_requests(endpoint)
+        started = time.monotonic()
+        with get_client(sync_client=True) as client:
+            deployment = client.read_deployment_by_name("curate/curate-nightly")
+            curates = [
+                client.create_flow_run_from_deployment(
+                    deployment.id,
+                    parameters={"params": params_for(
+                        corpus, spec, tmp_path / f"results-{i}", dedup={"threshold": threshold}
+                    ).model_dump(mode="json")},
+                )
+                for i, threshold in enumerate((0.6, 0.7, 0.75, 0.9), start=1)
+            ]  # fmt: skip
+            trainers = [
+                client.create_flow_run_from_deployment(
+                    client.read_deployment_by_name("train/train").id,
+                    parameters={"params": {"dataset": seeded, "run": f"load-{i}-{uuid.uuid4().hex[:4]}",
+                                           "steps": 4, "repo": spec}},
+                )
+                for i in range(2)
+            ]  # fmt: skip
+        states = [_final_state(run.id) for run in curates + trainers]
+        seconds = time.monotonic() - started
+        done = lakefs_requests(endpoint) - before
+    for run, state in zip(curates, states[:4], strict=True):
+        if not state.is_completed():
+            refusal = state.message.strip()
+            assert (
+                "main moved while this run was curating" in refusal
+                or "another publish holds the lock" in refusal
+            ), (run.id, refusal)
+    assert all(state.is_completed() for state in states[4:]), [s.message for s in states[4:]]
+    tags = [t for t in repo.list_tags() if t.startswith("ds-")]
+    published = sum(state.is_completed() for state in states[:4])
+    assert published >= 1 and 1 < len(tags) <= 1 + published, (published, tags)
+    main_history = {c.id for c in repo.log("main")}
+    assert all(commit in main_history for commit in repo.list_tags().values())  # no publish lost
+    print(f"\n4 curate runs at once: {published} published, {4 - published} refused; 2 trainers Completed; "
+          f"lakeFS served {done.count / seconds:.1f} requests/s, p99 {done.p99_s * 1000:.0f} ms (server-side)")  # fmt: skip
+
+
+@dataclass
+class Requests:
+    """lakeFS's own request histogram (``api_request_duration_seconds``), summed over operations."""
+
+    count: int
+    buckets: dict[float, int]
+
+    def __sub__(self, other: Requests) -> Requests:
+        return Requests(
+            self.count - other.count, {le: n - other.buckets.get(le, 0) for le, n in self.buckets.items()}
+        )
+
+    @property
+    def p99_s(self) -> float:
+        """The smallest bucket bound that holds 99% of the requests."""
+        for le in sorted(self.buckets):
+            if self.buckets[le] >= 0.99 * self.count:
+                return le
+        return float("inf")
+
+
+_BUCKET = re.compile(r'^api_request_duration_seconds_bucket\{.*le="([^"]+)".*\} (\d+)$')
+_COUNT = re.compile(r"^api_request_duration_seconds_count\{.*\} (\d+)$")
+
+
+def lakefs_requests(endpoint: str) -> Requests:
+    with urllib.request.urlopen(f"{endpoint}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    buckets: dict[float, int] = {}
+    count = 0
+    for line in text.splitlines():
+        if match := _BUCKET.match(line):
+            le = float(match[1])
+            buckets[le] = buckets.get(le, 0) + int(match[2])
+        elif match := _COUNT.match(line):
+            count += int(match[1])
+    return Requests(count, buckets)
