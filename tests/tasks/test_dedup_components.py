@@ -136,10 +136,11 @@ def test_the_components_give_union_finds_labels(tmp_path, graph):
     labels, counts, repo, _ = distributed(tmp_path, keys, a, b, buckets=7)
     assert labels == expected
     assert counts["linked_contents"] == len(expected)
-    # a few hook rounds, each at most log2(n) + 1 jumps (and one that finds nothing changed),
-    # even for the 3,000-node chains
+    # rounds and jumps grow with the logarithm of the longest path (a random-order chain of
+    # 3,000 takes 8 rounds: its trees fall about threefold per round), each round at most
+    # log2(n) + 1 jumps and one that finds nothing changed
     rounds, jumps = counts["components_rounds"], counts["components_jumps"]
-    assert 1 <= rounds <= 8 and jumps <= rounds * (np.log2(len(expected)) + 2)
+    assert 1 <= rounds <= np.log2(len(expected)) + 1 and jumps <= rounds * (np.log2(len(expected)) + 2)
     repo.close()
 
 

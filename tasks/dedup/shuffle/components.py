@@ -62,28 +62,29 @@ class At:
 
     def folder(self, what: str, round_: int | None = None, jump: int | None = None) -> str:
         """``<scratch>/cc-<round>-<jump>-<what>/b<bucket>``: what this bucket reads there."""
-        return self.run.at(self._step(what, round_, jump), self.b)
+        return self.run.at(self.step_name(what, round_, jump), self.b)
 
     def scatter(
         self, what: str, table: pa.Table, keys: np.ndarray, round_: int | None = None, jump: int | None = None
     ) -> None:
         self.run.scatter(
-            self._step(what, round_, jump),
+            self.step_name(what, round_, jump),
             table,
             content_buckets(keys, self.run.buckets),
             self.bucket.producer,
         )
 
     def put_parents(self, parents: pa.Table, jump: int) -> None:
-        self.run.put(self.run.at(self._step("parents", None, jump), self.b, "parents"), parents)
+        self.run.put(self.run.at(self.step_name("parents", None, jump), self.b, "parents"), parents)
 
-    def _step(self, what: str, round_: int | None, jump: int | None) -> str:
+    def step_name(self, what: str, round_: int | None = None, jump: int | None = None) -> str:
         return f"cc-{self.round if round_ is None else round_}-{self.jump if jump is None else jump}-{what}"
 
 
 def connected_components(run: ShuffleRun, step: Step) -> dict[str, int]:
     """Every linked content's label under ``labels/`` (as union-find's); ``step(name, work,
-    items)`` runs one partition map and returns its summed counts. Returns the rounds taken."""
+    items)`` runs one partition map and returns its summed counts. Returns the rounds, the
+    jumps and the number of linked contents."""
     buckets = [Bucket(run, b) for b in range(run.buckets)]
     proposals = step("components-start", start_step, [At(b, 0) for b in buckets])["cc_proposals"]
     rounds = jumps = jump = 0
@@ -164,7 +165,7 @@ def answer_step(at: At) -> dict[str, int]:
         raise AssertionError("components: a parent was asked of a bucket that does not hold it")
     answers = _table(asked, parent[where])
     asker = requests.column("bucket").to_numpy().astype(np.int64)
-    at.run.scatter(at._step("answers", None, None), answers, asker, at.bucket.producer)
+    at.run.scatter(at.step_name("answers"), answers, asker, at.bucket.producer)
     return {}
 
 
