@@ -126,6 +126,12 @@ def _check_shape(spec: dict) -> None:
             raise NotReproducible(f"the BPE model sets {field}={model[field]!r}")
     if spec.get("normalizer") is not None:
         raise NotReproducible("the tokenizer has a normalizer")
+    for field in ("truncation", "padding"):
+        if spec.get(field) is not None:
+            raise NotReproducible(f"the tokenizer sets {field}")
+    post = spec.get("post_processor")
+    if post is not None and post.get("type") != "ByteLevel":  # ByteLevel only moves offsets
+        raise NotReproducible(f"the post-processor {post.get('type')!r} adds or changes ids")
     pre = spec.get("pre_tokenizer") or {}
     if pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") or not pre.get("use_regex", True):
         raise NotReproducible(f"the pre-tokenizer is not ByteLevel(add_prefix_space=False): {pre}")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, processors
 
 from formats import layout
 from tasks.shard.config import ShardConfig
@@ -180,6 +180,11 @@ def test_a_tokenizer_tiktoken_cannot_reproduce_is_encoded_by_tokenizers_and_says
     lowercased = BatchEncoder.load(json.dumps(spec), "tiktoken")
     assert (lowercased.name, lowercased.unreproducible) == ("tokenizers", "the tokenizer has a normalizer")
     assert lowercased.encode(texts).ids.tolist() == encode_texts(lowercased.tokenizer, texts).ids.tolist()
+    tokenizer = Tokenizer.from_str(pair[0])
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"{EOD} $A", special_tokens=[(EOD, 0)])
+    with_bos = BatchEncoder.load(tokenizer.to_str(), "tiktoken")
+    assert with_bos.unreproducible == "the post-processor 'TemplateProcessing' adds or changes ids"
+    assert with_bos.encode(texts[:3]).ids.tolist() == encode_texts(with_bos.tokenizer, texts[:3]).ids.tolist()
     spec = json.loads(pair[0])
     spec["model"]["merges"] = spec["model"]["merges"][::-1]
     with pytest.raises(NotReproducible, match="merges do not create tokens in the order of their ids"):
