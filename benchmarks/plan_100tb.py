@@ -4,9 +4,10 @@ stated assumptions.
 Measured (``benchmarks/results/``): ingest + validate bytes per CPU-second of the whole stage
 (``ingest_filter.json``, ``full_stage_once``); dedup as the shuffle, documents per core-second
 of the memory bar (``scale.json``: wall seconds on 2 worker processes, 10,000-document parts)
-plus shingling bytes per CPU-second (``dedup.json``); tokenize + shard bytes per second on one
-worker (``shard.json``); the Prefect + Dask overhead per partition task, and contents, candidate
-pairs and index bytes per document (``scale.json``). The scaling run's own per-core rates are
+plus shingling bytes per CPU-second (``dedup.json``); tokenize + shard bytes per core-second of
+the stage on one worker with the tiktoken encoder, and with ``tokenizers`` for comparison
+(``shard.json``); the Prefect + Dask overhead per partition task, contents, candidate pairs and
+index bytes per document, and the connected components' rounds (``scale.json``). The scaling run's own per-core rates are
 not used for throughput: its partitions are tiny on purpose, so it measures overhead. The assumptions (``--flag`` = default) are printed
 with the table; change one and the table follows. ``docs/scale.md`` holds the table and what
 it means.
@@ -29,6 +30,29 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 TB = 1e12
 BAND_RECORD_BYTES = 4 + 8 + 16  # band (int32), band key (uint64), content key (16 bytes)
 EDGE_BYTES = 2 * 16  # a verified pair: two content keys
+# a components task holds its bucket's parents (content key + parent) and edges, and about as
+# much again while it sorts and joins them
+COMPONENTS_BYTES_PER_NODE = 2 * (16 + 16)
+COMPONENTS_BYTES_PER_EDGE = 2 * EDGE_BYTES
+PREVIOUS_CORE_HOURS = 40_719  # this plan before the tiktoken encoder (docs/scale.md, at 5d1794c)
+INDEX_ENTRY_BYTES = 16  # a bundle's index entry per receiver: offset and length
+
+
+class MissingMeasurement(SystemExit):
+    """A result file the plan reads is absent or lacks a figure; the message names the run to make."""
+
+
+def measured(name: str, *keys: str, run: str) -> object:
+    """``benchmarks/results/<name>`` at ``keys``, or one sentence naming the run that records it."""
+    path = RESULTS / name
+    try:
+        value = json.loads(path.read_text())
+        for key in keys:
+            value = value[key]
+    except (FileNotFoundError, KeyError, TypeError):
+        where = f"{name} has no {'.'.join(keys)}" if path.exists() else f"{name} is missing"
+        raise MissingMeasurement(f"plan_100tb: {where}; make it with `{run}` first") from None
+    return value
 
 
 def human(n: float, unit: str = "B") -> str:
@@ -75,22 +99,42 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    scale = json.loads(args.scale_json.read_text())
+    scale_run = (
+        ".venv/bin/python benchmarks/scale.py --mb 6 --memory-docs 5100000 --memory-limit 600MiB "
+        "--memory-buckets 50 --memory-part-docs 10000 --check-docs 2000 --memory-slice-bytes 4194304"
+    )
+    scale = json.loads(args.scale_json.read_text()) if args.scale_json.exists() else {}
+    if "runs" not in scale or "workers" not in scale.get("memory_bar", {}):
+        raise MissingMeasurement(
+            f"plan_100tb: {args.scale_json} lacks its runs or memory bar; make it with `{scale_run}`"
+        )
     one = scale["runs"]["1"]
     dedup_facts = one["dedup"]
     overhead_s = scale["overhead"]["seconds_per_task"]
-    ingest = json.loads((RESULTS / "ingest_filter.json").read_text())
-    dedup_bench = json.loads((RESULTS / "dedup.json").read_text())
-    shard_bench = json.loads((RESULTS / "shard.json").read_text())
     bar = scale["memory_bar"]
-    ingest_rate = (
-        ingest["corpus"]["bytes"] / ingest["full_stage_once"]["cpu_seconds"]
+    ingest_run = ".venv/bin/python benchmarks/ingest_filter.py --stage"
+    ingest_rate = float(measured("ingest_filter.json", "corpus", "bytes", run=ingest_run)) / float(
+        measured("ingest_filter.json", "full_stage_once", "cpu_seconds", run=ingest_run)
     )  # bytes per core-second
     dedup_docs_rate = bar["documents"] / (
         bar["dedup_seconds"] * len(bar["workers"])
     )  # documents per core-second
-    shingle_rate = dedup_bench["megabytes_per_cpu_second"]["ours"] * 1e6
-    shard_rate = shard_bench["rates_mb_per_s"]["end_to_end_1_worker"] * 1e6
+    shingle_rate = (
+        float(
+            measured(
+                "dedup.json", "megabytes_per_cpu_second", "ours", run=".venv/bin/python benchmarks/dedup.py"
+            )
+        )
+        * 1e6
+    )
+    shard_run = ".venv/bin/python benchmarks/shard.py"
+    shard_rates = measured("shard.json", "mb_per_core_second", run=shard_run)
+    if not {"stage_tiktoken_1_worker", "stage_tokenizers_1_worker"} <= set(shard_rates):
+        raise MissingMeasurement(
+            f"plan_100tb: shard.json predates the tiktoken encoder; make it with `{shard_run}`"
+        )
+    shard_rate = shard_rates["stage_tiktoken_1_worker"] * 1e6
+    shard_rate_tokenizers = shard_rates["stage_tokenizers_1_worker"] * 1e6
 
     raw = args.corpus_tb * TB
     docs_in = raw / (args.doc_kb * 1e3)
@@ -108,6 +152,7 @@ def main() -> int:
         "dedup": (docs_validated / dedup_docs_rate + text_validated / shingle_rate) / 3600,
         "shard": text_kept / shard_rate / 3600,
     }
+    shard_hours_tokenizers = text_kept / shard_rate_tokenizers / 3600
     # partition tasks: ingest and validate one each per partition; dedup's per-part steps (keys,
     # signatures, apply) and about 8 steps per bucket (below); shard about one per 256 MiB of text
     tasks = {"ingest+validate": 2 * parts, "dedup": 3 * parts, "shard": parts}
@@ -141,7 +186,12 @@ def main() -> int:
     half_worker = args.worker_memory_gib * 2**30 / 2
     slice_bytes = 2 ** math.floor(math.log2(half_worker / amplification))
     buckets = 2 ** math.ceil(math.log2(docs_validated * bytes_per_bucket_doc / half_worker))
-    tasks["dedup"] += 8 * buckets
+    rounds, jumps = bar.get("components_rounds", 0), bar.get("components_jumps", 0)
+    # steps per bucket: needs, resolve, contents, pairs, attach, verify, partials, representatives,
+    # decide, and the components' start, labels and (apply, send, propose) per round and
+    # (answer, jump) per jump
+    bucket_steps = 9 + 2 + 3 * rounds + 2 * jumps
+    tasks["dedup"] += bucket_steps * buckets
     index_bytes_per_doc = dedup_facts["index_bytes"] / one["documents"]["validated"]
 
     # Shards: uint16 tokens (vocab < 65,536), rows of seq_len + 1.
@@ -158,6 +208,33 @@ def main() -> int:
         "shard": shards + 1,
     }
 
+    # The largest task of each kind, from the measured rises (sliced, whole-bucket) and sizes
+    linked = contents * 2 * edges_per_content  # at most two contents per edge
+    components_memory = (
+        linked / buckets * COMPONENTS_BYTES_PER_NODE
+        + edges / EDGE_BYTES / buckets * COMPONENTS_BYTES_PER_EDGE
+    )
+    task_memory = [
+        (
+            "dedup sliced step (contents, pairs, attach, verify): one slice",
+            buckets,
+            amplification * slice_bytes,
+            "no: slice_bytes",
+        ),
+        (
+            "dedup whole-bucket step (resolve, decide, ...): one bucket",
+            buckets,
+            docs_validated / buckets * bytes_per_bucket_doc,
+            "no: buckets grow with it",
+        ),
+        (
+            "dedup components / representatives: one bucket's nodes and edges",
+            buckets,
+            components_memory,
+            "no: buckets grow with it",
+        ),
+    ]
+
     print("assumptions:")
     for key, value in vars(args).items():
         if key != "scale_json":
@@ -168,7 +245,10 @@ def main() -> int:
         f"    dedup shuffle {dedup_docs_rate:.0f} documents per core-second (scale.json memory bar) "
         f"+ shingling {shingle_rate / 1e6:.1f} MB per core-second (dedup.json)"
     )
-    print(f"    tokenize + shard {shard_rate / 1e6:.3f} MB per core-second (shard.json, 1 worker)")
+    print(
+        f"    tokenize + shard {shard_rate / 1e6:.3f} MB per core-second with tiktoken, "
+        f"{shard_rate_tokenizers / 1e6:.3f} with tokenizers (shard.json, the stage on 1 worker)"
+    )
     print(
         f"    overhead per partition task: {overhead_s * 1000:.0f} ms; contents per document {contents_per_doc:.3f}; "
         f"candidate pairs per content {pairs_per_content:.3f}; verified {edges_per_content:.3f}; "
@@ -200,13 +280,24 @@ def main() -> int:
         f"{args.worker_memory_gib:g} GiB) | {buckets:,} |"
     )
     print(
-        f"| dedup shuffle objects per part-to-bucket step (one per producing part and receiving bucket) "
-        f"| {parts * buckets:,} |"
+        f"| dedup shuffle objects per part-to-bucket step (one bundle per producing part; was parts x buckets "
+        f"= {parts * buckets:,}) | {parts:,} |"
     )
     print(
-        f"| dedup shuffle objects per bucket-to-bucket step (one per producing and receiving bucket) | {buckets**2:,} |"
+        f"| dedup shuffle objects per bucket-to-bucket step (one bundle per producing bucket; was {buckets**2:,}) "
+        f"| {buckets:,} |"
     )
-    print(f"| verified edges (the union-find's input) | {human(edges)} |")
+    print(
+        f"| dedup shuffle ranged reads per part-to-bucket step (index entry + slice, per receiver and producer) "
+        f"| {2 * parts * buckets:,} |"
+    )
+    print(
+        f"| bundle index per producing part ({INDEX_ENTRY_BYTES} B per receiving bucket) | {human(INDEX_ENTRY_BYTES * buckets)} |"
+    )
+    print(f"| verified edges (all buckets; each components task holds its bucket's) | {human(edges)} |")
+    print(
+        f"| connected components: rounds x jumps (measured at {bar['documents']:,} documents) | {rounds} x {jumps} |"
+    )
     print(
         f"| dedup index (`index/minhash/`, {index_bytes_per_doc:.0f} B per document) | {human(docs_validated * index_bytes_per_doc)} |"
     )
@@ -225,8 +316,24 @@ def main() -> int:
         f"({math.ceil(cores / args.cores_per_node):,} nodes of {args.cores_per_node}) |"
     )
     print()
+    print("| task (the largest of each kind) | tasks per step | its memory | grows with the corpus? |")
+    print("|---|---|---|---|")
+    for kind, count, memory, note in task_memory:
+        print(f"| {kind} | {count:,} | {human(memory)} | {note} |")
+    largest = max(task_memory, key=lambda row: row[2])
+    print()
+    previous_total = total_core_hours - core_hours["shard"] + shard_hours_tokenizers
     print(
-        f"plan_100tb: core_hours={total_core_hours:,.0f} cores_for_{args.hours:g}h={cores} "
+        f"shard with tokenizers instead (same run of shard.json): {shard_hours_tokenizers:,.0f} core-hours, "
+        f"total {previous_total:,.0f}; tiktoken's stage is {shard_rate / shard_rate_tokenizers:.2f}x per core"
+    )
+    print(
+        f"total {total_core_hours:,.0f} core-hours = {total_core_hours / PREVIOUS_CORE_HOURS:.0%} of the "
+        f"{PREVIOUS_CORE_HOURS:,} this plan printed before the tiktoken encoder"
+    )
+    print(
+        f"plan_100tb: core_hours={total_core_hours:,.0f} largest_task={human(largest[2])} "
+        f"objects_per_part_step={parts:,} cores_for_{args.hours:g}h={cores} "
         f"shuffle={human(sum(shuffle.values()))} index={human(docs_validated * index_bytes_per_doc)} shards={shards}"
     )
     return 0

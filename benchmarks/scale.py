@@ -285,12 +285,19 @@ def workers_sampled_after_each_step(client: Any) -> Iterator[dict[str, Any]]:
     by_step: dict[str, Any] = {}
     step = ShuffleStats.step
 
-    def sampled(self: ShuffleStats, name: str, work: Any, items: Any) -> None:
+    def sampled(self: ShuffleStats, name: str, work: Any, items: Any) -> dict[str, int]:
         client.run(step_peak_mb, True)
-        step(self, name, work, items)
+        counts = step(self, name, work, items)
         peaks = client.run(step_peak_mb, False)
         after = client.run(worker_peaks)
-        by_step[name] = {a: [round(peaks[a]), round(after[a]["rss_mb"])] for a in sorted(after) if a in peaks}
+        # a step run several times (the components' rounds): its highest peak, the last "after"
+        seen = by_step.get(name, {})
+        by_step[name] = {
+            a: [max(round(peaks[a]), seen.get(a, [0])[0]), round(after[a]["rss_mb"])]
+            for a in sorted(after)
+            if a in peaks
+        }
+        return counts
 
     ShuffleStats.step = sampled
     try:
@@ -379,6 +386,8 @@ def memory_bar(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     out["text_mb"] = result.report["extra"]["shingled_megabytes"]
     out["seconds_by_step"] = result.report["extra"]["seconds_by_step"]
     out["bucket_slices"] = result.report["extra"]["bucket_slices"]
+    out["components_rounds"] = result.report["extra"]["components_rounds"]
+    out["components_jumps"] = result.report["extra"]["components_jumps"]
     out["worker_peak_and_after_mb_by_step"] = {name: list(w.values()) for name, w in by_step.items()}
     return out
 

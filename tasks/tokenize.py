@@ -10,6 +10,11 @@ Special tokens written inside a document are encoded as plain text
 (``encode_special_tokens``), so the end-of-document id only ever appears where the shard
 stage puts it.
 
+Encoding is by tiktoken with the same ids (:mod:`tasks.tiktoken_bpe`, the default,
+``ShardConfig.encoder = "tiktoken"``) or by ``tokenizers`` itself (``"tokenizers"``); a
+document tiktoken might encode differently is re-encoded by ``tokenizers`` and counted
+(``EncodedBatch.fallbacks``).
+
 This module imports no Prefect and nothing heavy: encoding worker processes import it.
 """
 
@@ -24,13 +29,16 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tasks.tiktoken_bpe import NotReproducible, TiktokenBPE, from_tokenizer_json
+
 BYTE_ALPHABET_SIZE = 256
+EncoderName = Literal["tiktoken", "tokenizers"]
 
 
 class TokenizerError(ValueError):
@@ -128,37 +136,77 @@ def tokenizer_sha256(tokenizer_json: str) -> str:
 
 @dataclass
 class EncodedBatch:
-    """Token ids of a batch of documents: ``ids`` concatenated, ``lengths[i]`` tokens for document i."""
+    """Token ids of a batch of documents: ``ids`` concatenated, ``lengths[i]`` tokens for document i;
+    ``fallbacks``: documents tiktoken left to ``tokenizers`` (see :mod:`tasks.tiktoken_bpe`)."""
 
     ids: np.ndarray  # uint32
     lengths: np.ndarray  # int64
+    fallbacks: int = 0
+
+
+@dataclass(frozen=True)
+class BatchEncoder:
+    """``tokenizers``, and its tiktoken twin when that encoder is chosen and can give the same
+    ids; ``unreproducible`` says why it cannot (then ``tokenizers`` encodes everything)."""
+
+    tokenizer: Tokenizer
+    bpe: TiktokenBPE | None
+    unreproducible: str | None = None
+
+    @classmethod
+    def load(cls, tokenizer_json: str, encoder: EncoderName) -> BatchEncoder:
+        tokenizer = Tokenizer.from_str(tokenizer_json)
+        tokenizer.encode_special_tokens = True
+        if encoder == "tokenizers":
+            return cls(tokenizer, None)
+        try:
+            return cls(tokenizer, from_tokenizer_json(tokenizer_json))
+        except NotReproducible as exc:
+            return cls(tokenizer, None, str(exc))
+
+    @property
+    def name(self) -> EncoderName:
+        return "tokenizers" if self.bpe is None else "tiktoken"
+
+    def encode(self, texts: list[str]) -> EncodedBatch:
+        if self.bpe is None:
+            return _flatten([e.ids for e in self.tokenizer.encode_batch_fast(texts)])
+        encoded, suspect = self.bpe.encode(texts)
+        if suspect.size:
+            redone = self.tokenizer.encode_batch_fast([texts[k] for k in suspect])
+            for k, encoding in zip(suspect, redone, strict=True):
+                encoded[k] = encoding.ids
+        return _flatten(encoded, int(suspect.size))
+
+
+def _flatten(encoded: list[list[int]], fallbacks: int = 0) -> EncodedBatch:
+    flat = array.array("I")
+    lengths = np.empty(len(encoded), np.int64)
+    for i, ids in enumerate(encoded):
+        lengths[i] = len(ids)
+        flat.extend(ids)
+    ids = np.frombuffer(flat, np.uint32) if flat else np.empty(0, np.uint32)
+    return EncodedBatch(ids, lengths, fallbacks)
 
 
 def encode_texts(tokenizer: Tokenizer, texts: list[str]) -> EncodedBatch:
-    encodings = tokenizer.encode_batch_fast(texts)
-    flat = array.array("I")
-    lengths = np.empty(len(encodings), np.int64)
-    for i, encoding in enumerate(encodings):
-        ids = encoding.ids
-        lengths[i] = len(ids)
-        flat.extend(ids)
-    return EncodedBatch(np.frombuffer(flat, np.uint32) if flat else np.empty(0, np.uint32), lengths)
+    """``tokenizers``' own ids (the reference the tiktoken encoder is held to)."""
+    return BatchEncoder(tokenizer, None).encode(texts)
 
 
-_worker_tokenizer: Tokenizer | None = None
+_worker_encoder: BatchEncoder | None = None
 
 
-def _start_worker(tokenizer_json: str) -> None:
-    global _worker_tokenizer
+def _start_worker(tokenizer_json: str, encoder: EncoderName) -> None:
+    global _worker_encoder
     # one Rust thread per worker process: the processes are the parallelism
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
-    _worker_tokenizer.encode_special_tokens = True
+    _worker_encoder = BatchEncoder.load(tokenizer_json, encoder)
 
 
 def _encode_in_worker(texts: list[str]) -> EncodedBatch:
-    assert _worker_tokenizer is not None, "worker not started"
-    return encode_texts(_worker_tokenizer, texts)
+    assert _worker_encoder is not None, "worker not started"
+    return _worker_encoder.encode(texts)
 
 
 Item = TypeVar("Item")
@@ -167,14 +215,18 @@ Item = TypeVar("Item")
 class Encoder:
     """Encodes batches of texts in order, in this process or in ``workers`` processes.
 
-    ``workers == 1`` encodes here with ``encode_batch_fast`` (tokenizers' own Rust thread
-    pool, governed by ``TOKENIZERS_PARALLELISM``/``RAYON_NUM_THREADS``). ``workers > 1``
-    starts that many spawned processes, one Rust thread each, with at most two batches in
-    flight per worker, so memory stays bounded however long the input is.
+    ``workers == 1`` encodes here: tiktoken on one thread, or ``encode_batch_fast``
+    (tokenizers' own Rust thread pool, governed by ``TOKENIZERS_PARALLELISM``/
+    ``RAYON_NUM_THREADS``). ``workers > 1`` starts that many spawned processes, one thread
+    each, with at most two batches in flight per worker, so memory stays bounded however
+    long the input is.
     """
 
-    def __init__(self, tokenizer_json: str, eod_token: str, workers: int = 1):
+    def __init__(
+        self, tokenizer_json: str, eod_token: str, workers: int = 1, encoder: EncoderName = "tiktoken"
+    ):
         self.tokenizer, self.eod_id = load_tokenizer(tokenizer_json, eod_token)
+        self.batch_encoder = BatchEncoder.load(tokenizer_json, encoder)
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
         if workers > 1:
@@ -182,11 +234,11 @@ class Encoder:
                 workers,
                 mp_context=get_context("spawn"),
                 initializer=_start_worker,
-                initargs=(tokenizer_json,),
+                initargs=(tokenizer_json, encoder),
             )
 
     def encode(self, texts: list[str]) -> EncodedBatch:
-        return encode_texts(self.tokenizer, texts)
+        return self.batch_encoder.encode(texts)
 
     def map(
         self, items: Iterable[Item], texts_of: Callable[[Item], list[str]]

@@ -75,6 +75,9 @@ def run_dedup(repo: DataRepo, branch: str, input_commit: str, config: DedupConfi
         "candidate_pairs": numbers.get("candidate_pairs", 0),
         "verified_pairs": numbers.get("verified_pairs", 0),
         "clusters_with_duplicates": numbers.get("clusters_with_duplicates", 0),
+        # the connected components' hook rounds and pointer jumps (tasks/dedup/shuffle/components.py)
+        "components_rounds": numbers.get("components_rounds", 0),
+        "components_jumps": numbers.get("components_jumps", 0),
         "seconds_by_step": shuffle.seconds,
         "mode": config.mode,
         "threshold": config.threshold,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.tokenize import BYTE_ALPHABET_SIZE
+from tasks.tokenize import BYTE_ALPHABET_SIZE, EncoderName
 
 
 class ShardConfig(BaseModel):
@@ -29,6 +29,11 @@ class ShardConfig(BaseModel):
         256, ge=1, le=1 << 20, description="tokens per training sequence (rows hold seq_len + 1)"
     )
     max_sequences_per_shard: int = Field(4096, ge=1, description="sequences per shard at most")
+    encoder: EncoderName = Field(
+        "tiktoken",
+        description="tiktoken (the same ids as tokenizers, faster; a document it might encode differently "
+        "is re-encoded by tokenizers and counted) or tokenizers",
+    )
     workers: int = Field(1, ge=1, le=256, description="encoding processes; 1 encodes in-process")
     batch_documents: int = Field(1024, ge=1, description="documents per encoding batch")
     weight_seed: int = Field(0, description="seed of the repetition draw that honours document weights")

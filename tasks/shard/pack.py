@@ -165,6 +165,7 @@ class SourceOutcome(DocumentCounts):
     stream_tokens: int = 0  # documents' tokens plus one EOD each, repeats included
     sequences: int = 0
     tail_tokens_dropped: int = 0
+    encoder_fallbacks: int = 0  # documents re-encoded by tokenizers (tasks/tiktoken_bpe.py)
     reason: str = ""
 
 
@@ -193,6 +194,7 @@ def pack_source(
             emitted = int(has_tokens.sum())
             if current.number == 1:
                 outcome.kept += emitted
+                outcome.encoder_fallbacks += encoded.fallbacks
                 outcome.text_bytes += int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
                 if emitted < table.num_rows:
                     outcome.reject("no_tokens", table.num_rows - emitted)

@@ -122,7 +122,7 @@ def shard_one(work: ShardWork) -> PartitionOutput:
     started = time.perf_counter()
     quarantine = PartWriter(repo, work.branch, layout.quarantine_folder(STAGE, source))
     with (
-        Encoder(work.tokenizer_json, config.eod_token, config.workers) as encoder,
+        Encoder(work.tokenizer_json, config.eod_token, config.workers, config.encoder) as encoder,
         tempfile.TemporaryDirectory(prefix="tokenlake-shard-") as scratch,
     ):
         dtype = dtype_for_vocab(encoder.tokenizer.get_vocab_size(with_added_tokens=True))
@@ -148,7 +148,11 @@ def shard_one(work: ShardWork) -> PartitionOutput:
     quarantine.close()
     # kept documents became tokens; sampled-out ones were only counted, the others quarantined
     output = PartitionOutput(outcome.documents_in, outcome.kept, dict(outcome.rejected), source=source)
-    output.facts = _facts(outcome, stored, time.perf_counter() - started) | {"entries": stored}
+    output.facts = _facts(outcome, stored, time.perf_counter() - started) | {
+        "entries": stored,
+        "encoder": encoder.batch_encoder.name,
+        "tiktoken_cannot": encoder.batch_encoder.unreproducible,
+    }
     return output
 
 
@@ -202,6 +206,14 @@ def run_shard(
         "shards": len(manifest.shards),
         "text_megabytes": round(text_bytes / 1e6, 3),
         "megabytes_per_second": round(text_bytes / 1e6 / max(report.seconds, 1e-9), 3),
+        "encoder": config.encoder,
+        "encoder_used": sorted({s["encoder"] for s in report.per_source.values()}),
+        # why tiktoken cannot give this tokenizer's ids, when it cannot (then tokenizers encodes)
+        "tiktoken_cannot": next(
+            (s["tiktoken_cannot"] for s in report.per_source.values() if s["tiktoken_cannot"]), None
+        ),
+        # documents the tiktoken encoder left to tokenizers (see tasks/tiktoken_bpe.py)
+        "encoder_fallbacks": sum(s["encoder_fallbacks"] for s in report.per_source.values()),
         "sources_without_shards": {s: v["reason"] for s, v in report.per_source.items() if v["reason"]},
     }
     report.note = (
@@ -297,6 +309,7 @@ def _facts(outcome: SourceOutcome, stored: list[ShardEntry], seconds: float) -> 
         "documents_in_shards": sum(e.documents for e in stored),  # those ending in a stored sequence
         "shards": len(stored),
         "tail_tokens_dropped": outcome.tail_tokens_dropped,
+        "encoder_fallbacks": outcome.encoder_fallbacks,
         "reason": outcome.reason,
         "seconds": round(seconds, 3),
     }

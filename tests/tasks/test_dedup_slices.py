@@ -1,6 +1,6 @@
 """How a bucket step of the dedup shuffle holds less than its bucket (tasks/dedup/shuffle/scratch.py):
 its inputs read back in slices that keep equal keys together, its outputs written across many
-calls to one object per receiving bucket."""
+calls to one bundle per producer, which each receiver reads its slice of."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from tasks.dedup.shuffle.scratch import (
     slice_of_band_key,
     slice_of_content,
 )
-from tasks.parts import list_parts, read_part
 from versioning.local import LocalRepo
 
 ROWS = pa.schema([("content_key", KEY), ("value", pa.int64())])
@@ -107,7 +106,7 @@ def test_slice_functions_do_not_depend_on_the_bucket_bits():
     assert counts.min() > len(in_bucket) / 7 * 0.6
 
 
-def test_a_bucket_writer_writes_one_object_per_bucket_across_writes_and_spills(run):
+def test_a_bucket_writer_writes_one_bundle_across_writes_and_spills(run):
     shuffle = run(1 << 10)  # every write past 1 KiB goes to the local spill files
     written = []
     with BucketWriter(shuffle, "out", "b00001") as writer:
@@ -118,13 +117,49 @@ def test_a_bucket_writer_writes_one_object_per_bucket_across_writes_and_spills(r
             writer.write(table, np.arange(40) % 3)
             written.append(table)
         assert writer._spilled, "the writes past slice_bytes were meant to go to the spill files"
-    paths = list_parts(shuffle.repo, "main", f"{shuffle.scratch}/out")
-    assert paths == [shuffle.at("out", b, "b00001") for b in range(3)]
+    objects = [o.path for o in shuffle.repo.list("main", f"{shuffle.scratch}/out/")]
+    assert objects == [shuffle.bundle_path("out", "b00001", 3)]
     everything = pa.concat_tables(written)
-    for b, path in enumerate(paths):
-        got = read_part(shuffle.repo, "main", path)
+    for b in range(4):
+        got = shuffle.read(shuffle.at("out", b), ROWS)
         expected = everything.filter(pa.array(np.tile(np.arange(40) % 3, 5) == b))
         assert got.column("value").to_pylist() == expected.column("value").to_pylist()  # write order kept
+
+
+def test_receivers_read_their_slice_of_every_producers_bundle_and_files_beside_them(run):
+    """Five producers scatter to 7 receivers (some get nothing from some producers), a file is
+    put beside the bundles: each receiver reads exactly its rows, whole or in slices, and the
+    step wrote one object per producer."""
+    rng = np.random.default_rng(4)
+    for slice_bytes in (16 << 20, 1 << 10):
+        shuffle = run(slice_bytes)
+        step = f"scatter-{slice_bytes}"
+        sent: dict[int, list[int]] = {b: [] for b in range(7)}
+        for producer in range(5):
+            n = int(rng.integers(0, 200))
+            receiver = rng.integers(0, 7 - producer, n)  # later producers reach fewer receivers
+            values = np.arange(n) + 1000 * producer
+            table = pa.table({"content_key": pa.array(keys(n, producer), KEY), "value": pa.array(values)})
+            shuffle.scatter(step, table, receiver, f"p{producer:06d}")
+            for b, v in zip(receiver, values, strict=True):
+                sent[int(b)].append(int(v))
+        shuffle.put(
+            shuffle.at(step, 2, "file"),
+            pa.table({"content_key": pa.array(keys(3, 9), KEY), "value": [-1, -2, -3]}),
+        )
+        sent[2] = [-1, -2, -3] + sent[2]  # files first, then bundles in producer order
+        objects = list(shuffle.repo.list("main", f"{shuffle.scratch}/{step}/"))
+        assert len(objects) == 1 + sum(1 for o in objects if o.path.endswith(".bundle")) <= 6
+        for b in range(7):
+            assert shuffle.read(shuffle.at(step, b), ROWS).column("value").to_pylist() == sent[b]
+            sliced = [
+                v
+                for _, _, (table,) in shuffle.in_slices(
+                    [SlicedInput(shuffle.at(step, b), ROWS, slice_of_content("content_key"))]
+                )
+                for v in table.column("value").to_pylist()
+            ]
+            assert sorted(sliced) == sorted(sent[b])
 
 
 def test_a_bucket_writer_puts_nothing_when_its_step_fails(run):
@@ -135,4 +170,4 @@ def test_a_bucket_writer_puts_nothing_when_its_step_fails(run):
             np.zeros(40, np.int64),
         )
         raise RuntimeError("the step failed")
-    assert list_parts(shuffle.repo, "main", f"{shuffle.scratch}/out") == []
+    assert list(shuffle.repo.list("main", f"{shuffle.scratch}/out/")) == []

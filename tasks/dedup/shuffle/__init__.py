@@ -23,10 +23,14 @@ each other as Parquet files that the workers write under a scratch folder of the
    pairs to the content bucket of their first content.
 7. ``attach`` then ``verify`` (per content bucket): each pair gets the signature of its first
    content, then of its second, and is kept when the estimated similarity reaches the threshold.
-8. ``components`` (one task): union-find over the verified edges only.
-9. ``partials`` (per content bucket), ``representatives`` (one task), ``decide`` (per content
-   bucket): the survivor of every cluster by the rule of :mod:`tasks.dedup.plan` (published
-   first, then quality, then the smallest id), each input row's decision to its input part.
+8. ``components-*`` (per content bucket, in rounds): connected components of the verified
+   edges by hooking and pointer jumping (:mod:`tasks.dedup.shuffle.components`); each linked
+   content's label is its component's smallest content key, as union-find's.
+9. ``partials`` (per content bucket: each cluster's best document here, to the cluster's
+   label bucket), ``representatives`` (per label bucket: the survivor and size of each
+   cluster, back to the buckets that hold its contents), ``decide`` (per content bucket):
+   the survivor of every cluster by the rule of :mod:`tasks.dedup.plan` (published first,
+   then quality, then the smallest id), each input row's decision to its input part.
 10. ``apply`` (per input part): the part's rows and decisions into ``dedup/`` and
     ``quarantine/dedup/`` (same part name).
 
@@ -53,13 +57,8 @@ from tasks.dedup.shuffle.candidates import (
     signatures_step,
     verify_step,
 )
-from tasks.dedup.shuffle.clusters import (
-    apply_step,
-    components_step,
-    decide_step,
-    partials_step,
-    representatives_step,
-)
+from tasks.dedup.shuffle.clusters import apply_step, decide_step, partials_step, representatives_step
+from tasks.dedup.shuffle.components import connected_components
 from tasks.dedup.shuffle.scratch import Bucket, Part, ShuffleRun
 from tasks.partition_map import partitions
 
@@ -74,12 +73,18 @@ class ShuffleStats:
     numbers: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
-    def step(self, name: str, work: Callable[[Any], dict[str, int]], items: Iterable[Any]) -> None:
+    def step(self, name: str, work: Callable[[Any], dict[str, int]], items: Iterable[Any]) -> dict[str, int]:
+        """One partition map; its counts summed (returned, and added to the run's); a step run
+        several times (the components' rounds) adds up its seconds."""
         started = time.perf_counter()
+        summed: dict[str, int] = {}
         for counts in partitions().map(f"dedup-{name}", work, list(items)):
             for key, value in counts.items():
-                self.numbers[key] = self.numbers.get(key, 0) + value
-        self.seconds[name] = round(time.perf_counter() - started, 3)
+                summed[key] = summed.get(key, 0) + value
+        for key, value in summed.items():
+            self.numbers[key] = self.numbers.get(key, 0) + value
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - started, 3)
+        return summed
 
 
 def plan_in_buckets(run: ShuffleRun, parts: list[Part]) -> ShuffleStats:
@@ -94,9 +99,9 @@ def plan_in_buckets(run: ShuffleRun, parts: list[Part]) -> ShuffleStats:
     stats.step("pairs", pairs_step, buckets)
     stats.step("attach", attach_step, buckets)
     stats.step("verify", verify_step, buckets)
-    stats.step("components", components_step, [run])
+    stats.numbers |= connected_components(run, stats.step)
     stats.step("partials", partials_step, buckets)
-    stats.step("representatives", representatives_step, [run])
+    stats.step("representatives", representatives_step, buckets)
     stats.step("decide", decide_step, buckets)
     stats.numbers["clusters_with_duplicates"] = stats.numbers.get(
         "clusters_with_duplicates", 0

@@ -1,4 +1,5 @@
-"""Steps 8-10 of the dedup shuffle: clusters from the verified edges, each cluster's survivor, each row's decision."""
+"""Steps 9-10 of the dedup shuffle: each cluster's survivor, each row's decision (step 8, the
+clusters, is :mod:`tasks.dedup.shuffle.components`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import pyarrow.compute as pc
 
 from formats import layout
 from tasks.dedup.index import content_buckets
-from tasks.dedup.minhash import connected_components
 from tasks.dedup.plan import (
     EXACT,
     NEAR,
@@ -22,7 +22,6 @@ from tasks.dedup.plan import (
 from tasks.dedup.shuffle.scratch import (
     DECISIONS,
     DOCS,
-    EDGES,
     LABELS,
     PARTIALS,
     REPRESENTATIVES,
@@ -32,18 +31,6 @@ from tasks.dedup.shuffle.scratch import (
 )
 from tasks.parts import read_part
 from tasks.stage import PartitionOutput, write_partition
-
-
-def components_step(run: ShuffleRun) -> dict[str, int]:
-    """Union-find over the verified edges (the only step that sees them all; they are few)."""
-    edges = run.read(f"{run.scratch}/edges", EDGES)
-    a, b = keys_from_arrow(edges.column("a")), keys_from_arrow(edges.column("b"))
-    nodes = np.unique(np.concatenate([a, b]))
-    parent = connected_components(len(nodes), np.searchsorted(nodes, a), np.searchsorted(nodes, b))
-    labels = pa.table([keys_to_arrow(nodes), keys_to_arrow(nodes[parent])], schema=LABELS)
-    run.scatter("labels", labels, content_buckets(nodes, run.buckets), "labels")
-    return {"linked_contents": len(nodes)}
-
 
 # ---- 9: survivors -------------------------------------------------------------------------
 
@@ -70,7 +57,8 @@ def _labelled(run: ShuffleRun, bucket: int) -> tuple[pa.Table, np.ndarray, np.nd
 
 
 def partials_step(bucket: Bucket) -> dict[str, int]:
-    """For each cluster spanning several contents: this bucket's best document and count."""
+    """For each cluster spanning several contents: this bucket's best document and count, to
+    the bucket of the cluster's label."""
     run = bucket.run
     docs, keys, label = _labelled(run, bucket.bucket)
     labels = run.read(run.at("labels", bucket.bucket), LABELS)
@@ -83,26 +71,26 @@ def partials_step(bucket: Bucket) -> dict[str, int]:
     published = docs.column("published").to_numpy(zero_copy_only=False)
     best = np.unique(_best_of_group(group, _preference(docs.column("id"), quality, published)))
     counts = np.bincount(group)
-    run.put(
-        run.at("partials", 0, bucket.producer),
-        pa.table(
-            [
-                keys_to_arrow(label[best]),
-                docs.column("id").take(pa.array(best)),
-                pa.array(published[best]),
-                pa.array(quality[best]),
-                pa.array(counts[group[best]].astype(np.int64)),
-            ],
-            schema=PARTIALS,
-        ),
+    partials = pa.table(
+        [
+            keys_to_arrow(label[best]),
+            docs.column("id").take(pa.array(best)),
+            pa.array(published[best]),
+            pa.array(quality[best]),
+            pa.array(counts[group[best]].astype(np.int64)),
+            pa.array(np.full(len(best), bucket.bucket, np.int32)),
+        ],
+        schema=PARTIALS,
     )
+    run.scatter("partials", partials, content_buckets(label[best], run.buckets), bucket.producer)
     return {}
 
 
-def representatives_step(run: ShuffleRun) -> dict[str, int]:
-    """The survivor and size of every cluster spanning several contents, for each of its contents."""
-    partials = run.read(run.at("partials", 0), PARTIALS)
-    labels = run.read(f"{run.scratch}/labels", LABELS)
+def representatives_step(bucket: Bucket) -> dict[str, int]:
+    """The survivor and size of every cluster whose label is in this bucket, to each bucket that
+    holds some of its contents (the buckets its partials came from)."""
+    run = bucket.run
+    partials = run.read(run.at("partials", bucket.bucket), PARTIALS)
     if partials.num_rows == 0:
         return {"linked_clusters": 0}
     label = keys_from_arrow(partials.column("label"))
@@ -113,24 +101,20 @@ def representatives_step(run: ShuffleRun) -> dict[str, int]:
     size = np.bincount(group, weights=partials.column("count").to_numpy()).astype(np.int64)
     best_row = np.zeros(len(names), np.int64)
     best_row[group] = best
-    # arrays, not Python dicts of the clusters: this one task sees every linked content
-    content_label = keys_from_arrow(labels.column("label"))
-    cluster = np.minimum(np.searchsorted(names, content_label), len(names) - 1)
-    if not (names[cluster] == content_label).all():
-        raise AssertionError("a linked content's cluster has no partial: a bucket's partials are missing")
+    # one row per partial: each sending bucket gets the clusters it sent, once each
     representatives = pa.table(
         [
-            labels.column("content_key"),
-            partials.column("id").take(pa.array(best_row[cluster])),
-            pa.array(size[cluster]),
+            partials.column("label"),
+            partials.column("id").take(pa.array(best_row[group])),
+            pa.array(size[group]),
         ],
         schema=REPRESENTATIVES,
     )
     run.scatter(
         "representatives",
         representatives,
-        content_buckets(keys_from_arrow(labels.column("content_key")), run.buckets),
-        "all",
+        partials.column("bucket").to_numpy().astype(np.int64),
+        bucket.producer,
     )
     return {"linked_clusters": len(names)}
 
@@ -138,9 +122,10 @@ def representatives_step(run: ShuffleRun) -> dict[str, int]:
 def decide_step(bucket: Bucket) -> dict[str, int]:
     """Every input row of this content bucket: kept or removed, why, and its cluster."""
     run, config = bucket.run, bucket.run.config
-    docs, keys, _ = _labelled(run, bucket.bucket)
+    docs, keys, label = _labelled(run, bucket.bucket)
     if docs.num_rows == 0:
         return {"clusters_with_duplicates": 0}
+    labels = run.read(run.at("labels", bucket.bucket), LABELS)
     reps = run.read(run.at("representatives", bucket.bucket), REPRESENTATIVES)
     contents, content_of = np.unique(keys, return_inverse=True)
     ids = docs.column("id")
@@ -150,20 +135,21 @@ def decide_step(bucket: Bucket) -> dict[str, int]:
     best_with_text = _best_of_group(content_of, _preference(ids, quality, published))
     representative = id_values[best_with_text].copy()
     size = np.bincount(content_of)[content_of]
+    in_cluster = np.isin(keys, keys_from_arrow(labels.column("content_key")))
+    if in_cluster.any():
+        names = keys_from_arrow(reps.column("label"))
+        order = np.argsort(names)
+        names = names[order]
+        at = np.minimum(np.searchsorted(names, label[in_cluster]), max(len(names) - 1, 0))
+        if len(names) == 0 or not (names[at] == label[in_cluster]).all():
+            raise AssertionError(
+                "a linked content's cluster has no survivor: a bucket's partials are missing"
+            )
+        rep_name = np.array(reps.column("representative").to_pylist(), object)[order]
+        representative[in_cluster] = rep_name[at]
+        size[in_cluster] = reps.column("size").to_numpy()[order][at]
     linked = np.zeros(len(contents), bool)
-    if reps.num_rows:
-        at = np.searchsorted(contents, keys_from_arrow(reps.column("content_key")))
-        hit = (at < len(contents)) & (
-            contents[np.minimum(at, len(contents) - 1)] == keys_from_arrow(reps.column("content_key"))
-        )
-        rep_name = np.empty(len(contents), object)
-        rep_size = np.zeros(len(contents), np.int64)
-        rep_name[at[hit]] = np.array(reps.column("representative").to_pylist(), object)[hit]
-        rep_size[at[hit]] = reps.column("size").to_numpy()[hit]
-        linked[at[hit]] = True
-        in_cluster = linked[content_of]
-        representative[in_cluster] = rep_name[content_of][in_cluster]
-        size[in_cluster] = rep_size[content_of][in_cluster]
+    linked[content_of[in_cluster]] = True
     # a cluster of one content is counted here; one of several contents by representatives_step
     duplicates_here = int(np.count_nonzero((np.bincount(content_of) > 1) & ~linked))
 

@@ -1,9 +1,27 @@
-"""What the steps of the dedup shuffle share: the run, its items, the scratch files' schemas."""
+"""What the steps of the dedup shuffle share: the run, its items, the scratch files' schemas.
+
+A step hands rows to the next through scratch objects of two kinds:
+
+- a **file** ``<step>/b<receiver>/<name>.parquet``, for the steps that write one object per
+  bucket they own (``run.put``);
+- a **bundle** ``<step>/bundles/<producer>-<receivers>.bundle``, one per producing task and
+  step (``run.scatter``): the Parquet file of each receiving bucket (or part) one after the
+  other, then an index of ``receivers`` entries of (offset, length), 16 bytes each, at the
+  end. A receiver reads its 16-byte entry, then its slice: two ranged reads, and the object
+  count of a part-to-bucket step is the number of parts, not parts x buckets. One Parquet file
+  with a row group per receiver would do the same, but its footer (the metadata of every row
+  group) is read by every receiver: about 1 KB per receiver, so each of 4,096 receivers would
+  read megabytes of footer to find its slice.
+
+``run.read`` and ``run.in_slices`` read both kinds for a receiver, in producer order.
+"""
 
 from __future__ import annotations
 
+import io
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,11 +35,22 @@ from tasks.dedup.config import DedupConfig
 from tasks.dedup.index import PublishedRun
 from tasks.dedup.plan import REQUIRED_COLUMNS, _byte_batches, keys_from_arrow
 from tasks.dedup.shingles import content_keys
-from tasks.parts import list_parts, put_table, read_part, read_part_in_row_groups
+from tasks.parts import put_table, read_part, read_part_in_row_groups
 from versioning import DataRepo, validate_path
 from versioning.scratch import owned_prefix, sweep
 
 KEY = pa.binary(16)
+INDEX_ENTRY = np.dtype([("offset", "<u8"), ("length", "<u8")])
+_RECEIVER_FOLDER = re.compile(r"^(?P<step>.+)/b(?P<receiver>\d+)$")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a receiver's rows are: a whole scratch file, or a slice of a bundle."""
+
+    path: str
+    offset: int = 0
+    length: int | None = None  # None: the whole object
 
 
 def local_scratch(kind: str) -> tempfile.TemporaryDirectory[str]:
@@ -56,13 +85,59 @@ class ShuffleRun:
         if table.num_rows:
             put_table(self.repo, self.branch, path, table)
 
-    def read(self, folder: str, schema: pa.Schema) -> pa.Table:
-        """Every file under a scratch folder of the branch, in path order (empty: ``schema``)."""
-        return self._read_files(sorted(list_parts(self.repo, self.branch, folder)), schema)
+    def bundle_path(self, step: str, producer: str, receivers: int) -> str:
+        return validate_path(f"{self.scratch}/{step}/bundles/{producer}-{receivers}.bundle")
 
-    def _read_files(self, paths: list[str], schema: pa.Schema) -> pa.Table:
-        tables = [read_part(self.repo, self.branch, p, schema.names) for p in paths]
+    def sources(self, folder: str) -> list[tuple[Source, int]]:
+        """``(source, bytes)`` of everything written for the receiver of ``folder``
+        (``run.at(step, receiver)``): its files, then its slices of the step's bundles."""
+        found = [
+            (Source(o.path), o.size)
+            for o in sorted(self.repo.list(self.branch, folder.rstrip("/") + "/"), key=lambda o: o.path)
+            if o.path.endswith(".parquet")
+        ]
+        match = _RECEIVER_FOLDER.match(folder.rstrip("/"))
+        if match is None:
+            return found
+        receiver = int(match["receiver"])
+        prefix = f"{match['step']}/bundles/"
+        for info in sorted(self.repo.list(self.branch, prefix), key=lambda o: o.path):
+            receivers = int(info.path.rsplit("-", 1)[1].removesuffix(".bundle"))
+            if receiver >= receivers:
+                continue
+            data_end = info.size - receivers * INDEX_ENTRY.itemsize
+            with self.repo.open(self.branch, info.path) as f:
+                f.seek(data_end + receiver * INDEX_ENTRY.itemsize)
+                entry = np.frombuffer(f.read(INDEX_ENTRY.itemsize), INDEX_ENTRY)[0]
+            offset, length = int(entry["offset"]), int(entry["length"])
+            if offset + length > data_end:
+                raise ValueError(f"{info.path}: the index entry of receiver {receiver} points past the data")
+            if length:
+                found.append((Source(info.path, offset, length), length))
+        return found
+
+    def read(self, folder: str, schema: pa.Schema) -> pa.Table:
+        """Everything written for the receiver of a scratch folder, in producer order (empty: ``schema``)."""
+        return self._read_sources([source for source, _ in self.sources(folder)], schema)
+
+    def _read_sources(self, sources: list[Source], schema: pa.Schema) -> pa.Table:
+        tables = [pq.read_table(pa.BufferReader(self.source_bytes(s)), columns=schema.names) for s in sources]
         return pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
+
+    def source_bytes(self, source: Source) -> bytes:
+        with self.repo.open(self.branch, source.path) as f:
+            if source.length is None:
+                return f.read()
+            f.seek(source.offset)
+            return f.read(source.length)
+
+    def _row_groups(self, source: Source, columns: list[str]) -> Iterator[pa.Table]:
+        if source.length is None:
+            yield from read_part_in_row_groups(self.repo, self.branch, source.path, columns)
+            return
+        parquet = pq.ParquetFile(pa.BufferReader(self.source_bytes(source)))
+        for group in range(parquet.num_row_groups):
+            yield parquet.read_row_group(group, columns=columns)
 
     def scatter(self, step: str, table: pa.Table, bucket: np.ndarray, producer: str) -> None:
         """Write the rows of ``table`` to the bucket each belongs to (one file per non-empty bucket)."""
@@ -79,14 +154,7 @@ class ShuffleRun:
         bucket step holds one slice and one row group, not its bucket. Equal keys always share a slice, so
         a step that groups by its key gives the same results whatever the slice count.
         """
-        listed = [
-            [
-                (o.path, o.size)
-                for o in self.repo.list(self.branch, i.folder.rstrip("/") + "/")
-                if o.path.endswith(".parquet")
-            ]
-            for i in inputs
-        ]
+        listed = [self.sources(i.folder) for i in inputs]
         total = sum(size for files in listed for _, size in files)
         slices = max(1, math.ceil(total / self.config.slice_bytes))
         if slices == 1:
@@ -94,7 +162,7 @@ class ShuffleRun:
                 0,
                 1,
                 [
-                    self._read_files(sorted(path for path, _ in files), i.schema)
+                    self._read_sources([source for source, _ in files], i.schema)
                     for i, files in zip(inputs, listed, strict=True)
                 ],
             )
@@ -104,10 +172,8 @@ class ShuffleRun:
             for n, (sliced, files) in enumerate(zip(inputs, listed, strict=True)):
                 writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
                 try:
-                    for path, _ in sorted(files):
-                        for group in read_part_in_row_groups(
-                            self.repo, self.branch, path, sliced.schema.names
-                        ):
+                    for source, _ in files:
+                        for group in self._row_groups(source, sliced.schema.names):
                             table = group.cast(sliced.schema)
                             for s, rows in _split_by(table, sliced.slice_of(table, slices)):
                                 if s not in writers:
@@ -214,11 +280,11 @@ class StreamedFile:
 
 
 class BucketWriter:
-    """One step's output rows, written across several calls, to the file of the bucket each row
-    belongs to (``run.at(step, bucket, producer)``, one per non-empty bucket), put when the
-    writer closes: a step that works in slices still writes one object per bucket, not one per
-    bucket and slice. Rows wait in memory up to ``config.slice_bytes``, beyond that in local
-    Arrow IPC files (an open Parquet writer per bucket would cost megabytes each).
+    """One step's output rows, written across several calls, to the receiver (bucket or part)
+    each row belongs to, as one bundle put when the writer closes (see the module): a step
+    that works in slices still writes one object, not one per receiver and slice. Rows wait in
+    memory up to ``config.slice_bytes``, beyond that in local Arrow IPC files (an open Parquet
+    writer per receiver would cost megabytes each).
     """
 
     def __init__(self, run: ShuffleRun, step: str, producer: str):
@@ -252,15 +318,35 @@ class BucketWriter:
     def __exit__(self, *exc: object) -> None:
         try:
             if exc[0] is None:
-                for b in sorted(set(self._pending) | set(self._spilled)):
-                    tables = [_read_spill(name) for name in self._spilled.get(b, [])] + self._pending.get(
-                        b, []
-                    )
-                    self.run.put(self.run.at(self.step, b, self.producer), pa.concat_tables(tables))
+                self._put_bundle()
         finally:
             self._pending, self._spilled = {}, {}
             if self._spill is not None:
                 self._spill.cleanup()
+
+    def _put_bundle(self) -> None:
+        receivers = sorted(set(self._pending) | set(self._spilled))
+        if not receivers:
+            return
+        index = np.zeros(receivers[-1] + 1, INDEX_ENTRY)
+        handle, local = tempfile.mkstemp(prefix="tokenlake-dedup-bundle-")
+        try:
+            with os.fdopen(handle, "wb") as bundle:
+                for b in receivers:
+                    tables = [_read_spill(name) for name in self._spilled.get(b, [])] + self._pending.get(
+                        b, []
+                    )
+                    buffer = io.BytesIO()
+                    pq.write_table(pa.concat_tables(tables), buffer, compression="zstd")
+                    index[b] = (bundle.tell(), buffer.tell())
+                    bundle.write(buffer.getbuffer())
+                    del tables, buffer
+                bundle.write(index.tobytes())
+            self.run.repo.put(
+                self.run.branch, self.run.bundle_path(self.step, self.producer, len(index)), local
+            )
+        finally:
+            os.unlink(local)
 
 
 @dataclass(frozen=True)
@@ -310,9 +396,10 @@ PARTIALS = pa.schema(
         ("published", pa.bool_()),
         ("quality", pa.float64()),
         ("count", pa.int64()),
+        ("bucket", pa.int32()),  # the content bucket that sent it (and gets the cluster's survivor)
     ]
 )
-REPRESENTATIVES = pa.schema([("content_key", KEY), ("representative", pa.string()), ("size", pa.int64())])
+REPRESENTATIVES = pa.schema([("label", KEY), ("representative", pa.string()), ("size", pa.int64())])
 DECISIONS = pa.schema(
     [
         ("row", pa.int32()),
