@@ -85,7 +85,7 @@ class PostgresServer:
         self._superuser_password()
         if self._as_owner:
             shutil.chown(self.home, "postgres")
-        subprocess.run(
+        done = subprocess.run(
             [
                 *self._as_owner,
                 str(self.bin / "initdb"),
@@ -98,9 +98,11 @@ class PostgresServer:
                 "--encoding=UTF8",
                 "--no-instructions",
             ],
-            check=True,
             capture_output=True,
+            text=True,
         )
+        if done.returncode != 0:
+            raise ServiceUnavailable(f"PostgreSQL's initdb failed for {self.data}: {done.stderr.strip()}")
 
     def _ready(self) -> bool:
         done = subprocess.run(
@@ -110,7 +112,7 @@ class PostgresServer:
 
     def _sql(self, statement: str, database: str = "postgres") -> str:
         done = subprocess.run(
-            [str(self.bin.parent / "bin" / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER,
+            [str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER,
              "-d", database, "-v", "ON_ERROR_STOP=1", "-tAc", statement],
             env=os.environ | {"PGPASSWORD": self._superuser_password()},
             capture_output=True,

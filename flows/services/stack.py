@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose.yaml"
 ENV_EXAMPLE = ROOT / "deploy" / ".env.example"
 DEFAULT_DIR = Path.home() / ".local/share/tokenlake/stack"
-_VARIABLE = re.compile(r"\$\{(\w+)(?::?([-?])([^}]*))?\}")
+VARIABLE = re.compile(r"\$\{(\w+)(?::?([-?])([^}]*))?\}")
 _SECRET = re.compile(r"PASSWORD|SECRET|ACCESS_KEY_ID")
 
 
@@ -67,6 +67,8 @@ def generated_variables() -> dict[str, str]:
 
 
 def interpolate(text: str, variables: dict[str, str]) -> str:
+    """Compose's interpolation: ${NAME}, ${NAME:-default}, ${NAME:?error}; $$ is a literal $."""
+
     def value(match: re.Match) -> str:
         name, kind, default = match.groups()
         if name in variables:
@@ -75,7 +77,7 @@ def interpolate(text: str, variables: dict[str, str]) -> str:
             return default
         raise KeyError(f"deploy/compose.yaml needs {name}, which deploy/.env.example does not set")
 
-    return _VARIABLE.sub(value, text).replace("$$", "$")
+    return VARIABLE.sub(value, text.replace("$$", "\0")).replace("\0", "$")
 
 
 @dataclass(frozen=True)

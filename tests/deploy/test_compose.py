@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flows.services.stack import VARIABLE, interpolate  # the one reading of compose's ${...}
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 SOURCE_PACKAGES = ("flows", "tasks", "training", "versioning", "formats")
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|ACCESS_KEY|CONNECTION_STRING|CONNECTION_URL|ROOT_USER")
-VARIABLE = re.compile(r"\$\{(\w+)(?::?([-?])([^}]*))?\}")
 
 
 def env_example() -> dict[str, str]:
@@ -25,20 +26,6 @@ def env_example() -> dict[str, str]:
             name, _, value = line.partition("=")
             pairs[name.strip()] = value.strip()
     return pairs
-
-
-def interpolate(value: str, env: dict[str, str]) -> str:
-    """Compose's interpolation: ${NAME}, ${NAME:-default}, ${NAME:?error}; $$ is a literal $."""
-
-    def substitute(match: re.Match) -> str:
-        name, kind, rest = match.groups()
-        if name in env:
-            return env[name]
-        if kind == "-":
-            return rest
-        raise AssertionError(f"${{{name}}} is not set by .env.example and has no default")
-
-    return VARIABLE.sub(substitute, value.replace("$$", "\0")).replace("\0", "$")
 
 
 def resolved(node, env):
