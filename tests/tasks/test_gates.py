@@ -207,3 +207,15 @@ def test_data_docs_render_offline_with_local_bootstrap_and_jquery(tmp_path: Path
             assert os.path.normpath(Path(name).parent / url) in files, (
                 f"{name} loads {url}, not in the Data Docs"
             )
+
+
+def test_vendored_bootstrap_table_is_the_npm_package_unchanged() -> None:
+    """tasks/vendor holds bootstrap-table 1.19.1's files exactly as its npm package ships them."""
+    import hashlib
+
+    from tasks.vendor import BOOTSTRAP_TABLE, SHA256
+
+    files = {p.relative_to(BOOTSTRAP_TABLE).as_posix() for p in BOOTSTRAP_TABLE.rglob("*") if p.is_file()}
+    assert files == set(SHA256)
+    for name, digest in SHA256.items():
+        assert hashlib.sha256((BOOTSTRAP_TABLE / name).read_bytes()).hexdigest() == digest, name
