@@ -288,9 +288,13 @@ def test_curate_publishes_a_version_from_a_warc_source_and_reports_its_reasons(t
     report = json.loads(repo.get(made["tag"], "reports/ingest.json"))
     crawl = report["per_source"]["crawl"]
     assert set(crawl["rejected"]) == WARC_REASONS and all(n == 1 for n in crawl["rejected"].values())
-    assert crawl["kept"] == 20 and report["per_source"]["pages"]["kept"] == 10
+    assert crawl["kept"] == 40 and report["per_source"]["pages"]["kept"] == 10
     assert crawl["partitions"] > 2, "the WARC files were cut into byte ranges"
     funnel = funnel_of({"ingest": StageResult("ingest", made["commit_id"], report)})
     assert {label for label, _ in funnel.quarantined} == {f"ingest: {r}" for r in WARC_REASONS}
-    tokens = json.loads(repo.get(made["tag"], "shards/manifest.json"))["totals"]["tokens"]
-    assert tokens > 0
+    validated = json.loads(repo.get(made["tag"], "reports/validate.json"))["per_source"]
+    assert validated["crawl"]["kept"] > 0 and validated["pages"]["kept"] > 0
+    assert made["stages"][-1]["stage"] == "mix" and all(
+        json.loads(repo.get(made["tag"], "shards/manifest.json"))["sources"][s]["tokens"] > 0
+        for s in ("crawl", "pages")
+    )
