@@ -1,5 +1,5 @@
-"""The curate funnel: per source, the documents each stage kept and the tokens the shards and
-the mix hold, drawn as one PNG (an image artifact, and a file under ``<data home>/reports/``).
+"""The curate funnel: per source, the documents each stage kept, those it quarantined by reason,
+and the tokens the shards and the mix hold, drawn as one PNG (an image artifact, and a file under ``<data home>/reports/``).
 
 Read from the stage reports only (``reports/<stage>.json``, as the stage results carry them),
 so a reused stage draws the same bars as the run that computed it.
@@ -8,7 +8,7 @@ so a reused stage draws the same bars as the run that computed it.
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.stage import StageResult
@@ -39,6 +39,9 @@ class Funnel:
     sources: list[str]
     documents: list[tuple[str, dict[str, int]]]  # (step, {source: documents})
     tokens: list[tuple[str, dict[str, int]]]  # (step, {source: tokens})
+    quarantined: list[tuple[str, dict[str, int]]] = field(
+        default_factory=list
+    )  # ("stage: reason", {source: n})
 
 
 def funnel_of(results: dict[str, StageResult]) -> Funnel:
@@ -55,7 +58,20 @@ def funnel_of(results: dict[str, StageResult]) -> Funnel:
 
     documents, tokens = steps(DOCUMENT_STEPS), steps(TOKEN_STEPS)
     sources = sorted({s for _, counts in documents + tokens for s in counts})
-    return Funnel(sources, documents, tokens)
+    return Funnel(sources, documents, tokens, quarantined_by_reason(results))
+
+
+def quarantined_by_reason(results: dict[str, StageResult]) -> list[tuple[str, dict[str, int]]]:
+    """``("stage: reason", {source: documents})`` of every stage's quarantine, in stage order."""
+    rows = []
+    for stage, result in results.items():
+        by_reason: dict[str, dict[str, int]] = {}
+        for source, stats in (result.report.get("per_source") or {}).items():
+            for reason, count in (stats.get("rejected") or {}).items():
+                if count:
+                    by_reason.setdefault(reason, {})[source] = int(count)
+        rows += [(f"{stage}: {reason}", by_reason[reason]) for reason in sorted(by_reason)]
+    return rows
 
 
 def draw_funnel(funnel: Funnel, path: Path, title: str) -> Path:
@@ -66,15 +82,18 @@ def draw_funnel(funnel: Funnel, path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     colours = plt.get_cmap("tab10")
-    heights = (max(len(funnel.documents), 1), max(len(funnel.tokens), 1))
+    panels = [(funnel.documents, "documents"), (funnel.tokens, "tokens")]
+    if funnel.quarantined:
+        panels.append((funnel.quarantined, "documents quarantined by reason"))
+    heights = [max(len(rows), 1) for rows, _ in panels]
     fig, axes = plt.subplots(
-        2,
+        len(panels),
         1,
         figsize=(9, 1.2 + 0.55 * sum(heights)),
         gridspec_kw={"height_ratios": heights},
         constrained_layout=True,
     )
-    for ax, rows, unit in ((axes[0], funnel.documents, "documents"), (axes[1], funnel.tokens, "tokens")):
+    for ax, (rows, unit) in zip(axes, panels, strict=True):
         labels = [label for label, _ in rows]
         for y, (_, counts) in enumerate(rows):
             total = sum(counts.values())

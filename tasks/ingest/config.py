@@ -29,8 +29,10 @@ class SourceConfig(BaseModel):
 
     name: str = Field(pattern=SOURCE_NAME_PATTERN, description="Folder name under raw/ and filtered/.")
     kind: Literal["prose", "code"] = Field(description="Which quality rules apply in the validate stage.")
-    format: Literal["files", "jsonl", "parquet"] = Field(
-        description="files: one document per file; jsonl: one per line (.jsonl, .gz, .zst); parquet: one per row."
+    format: Literal["files", "jsonl", "parquet", "warc", "html"] = Field(
+        description="files: one document per file; jsonl: one per line (.jsonl, .gz, .zst); parquet: one per row; "
+        "warc: one per HTML or text response record (.warc, .warc.gz), main text extracted; "
+        "html: one page per file, main text extracted."
     )
     path: str = Field(description="A directory or a single file.")
     include: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
@@ -59,9 +61,10 @@ class SourceConfig(BaseModel):
             raise ValueError(
                 f"source {self.name!r}: min_chars ({self.min_chars}) exceeds max_chars ({self.max_chars})"
             )
-        if self.format == "files" and self.id_field is not None:
+        if self.format in ("files", "warc", "html") and self.id_field is not None:
             raise ValueError(
-                f"source {self.name!r}: id_field applies to jsonl and parquet sources; remove it for format 'files'"
+                f"source {self.name!r}: id_field applies to jsonl and parquet sources; "
+                f"remove it for format {self.format!r}"
             )
         return self
 

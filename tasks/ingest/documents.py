@@ -17,6 +17,7 @@ from tasks.ingest.config import IngestConfig, SourceConfig
 from tasks.ingest.normalize import binary_text_mask, normalize_texts
 from tasks.ingest.partitions import Partition
 from tasks.ingest.readers import READERS, Record
+from tasks.ingest.warc import read_html, read_warc
 from tasks.schema import DOCUMENT_SCHEMA, document_id, with_quarantine_reason
 
 STAGE = "ingest"
@@ -31,7 +32,13 @@ QUARANTINE_SCHEMA = pa.schema(
 )
 
 
-def _meta(source: SourceConfig, extra: dict[str, str]) -> str:
+def _meta(source: SourceConfig, record: Record | None = None) -> str:
+    extra: dict[str, object] = {}
+    if record is not None:
+        extra = {
+            **(record.meta or {}),
+            **({} if record.source_id is None else {"source_id": record.source_id}),
+        }
     return json.dumps({"kind": source.kind, "format": source.format, **extra}, ensure_ascii=False)
 
 
@@ -92,14 +99,14 @@ def _finish_batch(
         source,
         [r.locator for r in good],
         pc.filter(texts, pa.array(keep, pa.bool_())),
-        [_meta(source, {} if r.source_id is None else {"source_id": r.source_id}) for r in good],
+        [_meta(source, r) for r in good],
         [document_id(source.name, r.locator if r.source_id is None else r.source_id) for r in good],
     )
     quarantined = _documents(
         source,
         [r.locator for r, _ in rejected],
         pa.array([text for _, text in rejected], pa.string()),
-        [_meta(source, {})] * len(rejected),
+        [_meta(source, r) for r, _ in rejected],
         [document_id(source.name, r.locator) for r, _ in rejected],
     )
     return kept, _with_reason_and_detail(
@@ -130,7 +137,7 @@ def iter_partition(
     source: SourceConfig, partition: Partition, config: IngestConfig
 ) -> Iterator[tuple[pa.Table, pa.Table]]:
     """``(kept, quarantined)`` per batch of records of one partition."""
-    records = READERS[source.format](source, partition, config)
+    records = {**READERS, "warc": read_warc, "html": read_html}[source.format](source, partition, config)
     while batch := list(islice(records, BATCH_RECORDS)):
         yield _finish_batch(source, batch, config)
 

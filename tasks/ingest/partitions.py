@@ -6,6 +6,10 @@ in parallel and be retried alone.
   to count lines, so every partition knows the line number it starts at (locators are
   ``path:line``). A compressed file (.gz, .zst) cannot be split and is one partition.
 * ``parquet``: consecutive row groups of one file up to ``partition_bytes`` (uncompressed).
+* ``warc``: a file up to ``partition_bytes`` is one partition; a larger one is split into byte
+  ranges that start at record boundaries (planning reads its headers once): any record of a plain
+  ``.warc``, a record that begins its own gzip member in a ``.warc.gz`` (a file gzipped as one
+  stream is one partition). ``html``: grouped as ``files`` are.
 
 Before any partition runs, :func:`check_source` fails fast on a missing path, a source
 that matches no file, or a text/id field that none of the probed records have.
@@ -25,6 +29,7 @@ import pyarrow.parquet as pq
 
 from tasks.ingest.config import IngestConfig, SourceConfig
 from tasks.ingest.streams import iter_lines, open_jsonl
+from tasks.ingest.warc_boundaries import warc_ranges
 from tasks.stage import ConfigError
 
 SCAN_CHUNK = 8 << 20
@@ -39,9 +44,10 @@ class Partition:
     source: str
     index: int
     files: tuple[tuple[str, str], ...]
-    start: int = 0  # jsonl: first byte; parquet: first row group
-    end: int = -1  # jsonl: end byte (exclusive, -1 = to the end); parquet: end row group
-    first_line: int = 1  # jsonl: line number of the first byte; parquet: row number of the first row
+    start: int = 0  # jsonl, warc: first byte; parquet: first row group
+    end: int = -1  # jsonl, warc: end byte (exclusive, -1 = to the end); parquet: end row group
+    first_line: int = 1  # jsonl: line number of the first byte; parquet: row number of the first row;
+    # warc: number of the first record (from 1)
 
     @property
     def path(self) -> str:
@@ -144,6 +150,15 @@ def _plan_jsonl(files: list[tuple[str, str]], config: IngestConfig) -> Iterator[
             yield (pair,), 0, -1, 1
 
 
+def _plan_warc(files: list[tuple[str, str]], config: IngestConfig) -> Iterator[tuple]:
+    for pair in files:
+        try:
+            ranges = warc_ranges(pair[0], config.partition_bytes) if os.path.isfile(pair[0]) else [(0, -1, 1)]
+        except OSError:  # not readable as WARC: the reader quarantines it
+            ranges = [(0, -1, 1)]
+        yield from (((pair,), *r) for r in ranges)
+
+
 def _plan_parquet(files: list[tuple[str, str]], config: IngestConfig) -> Iterator[tuple]:
     for pair in files:
         try:
@@ -240,7 +255,13 @@ def plan_partitions(
 ) -> list[Partition]:
     """The partitions of one source, in a deterministic order."""
     files = check_source(source) if files is None else files
-    planner = {"files": _plan_files, "jsonl": _plan_jsonl, "parquet": _plan_parquet}[source.format]
+    planner = {
+        "files": _plan_files,
+        "html": _plan_files,
+        "jsonl": _plan_jsonl,
+        "parquet": _plan_parquet,
+        "warc": _plan_warc,
+    }[source.format]
     return [
         Partition(source.name, i, group, start, end, first)
         for i, (group, start, end, first) in enumerate(planner(files, config))

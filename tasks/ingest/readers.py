@@ -38,6 +38,7 @@ class Record(NamedTuple):
     detail: str = ""
     source_id: str | None = None
     check_binary: bool = False  # strings from JSON or Parquet have not been through decode_document
+    meta: dict[str, object] | None = None  # what the document's meta column adds (web pages: url, ...)
 
 
 def _jsonl_record(line: bytes, locator: str, source: SourceConfig) -> Record:
