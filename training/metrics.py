@@ -236,7 +236,8 @@ def summary_table(summary: dict[str, Any]) -> str:
 
 
 def loss_lines(records: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
-    """The lines of the loss plot by label: train, held-out overall, then one per source."""
+    """The lines of the loss plot by label: train, held-out overall, then one per source (by name:
+    the records hold them sorted)."""
     train = last_per_step(records, "train")
     evals = last_per_step(records, "eval")
     lines = {"train": ([r["step"] for r in train], [r["loss"] for r in train])}

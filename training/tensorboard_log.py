@@ -63,9 +63,7 @@ class TensorBoardLog:
         at ``step``, after which readers drop the events written before it from that step on."""
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-        self._writer.get_file_writer().add_event(
-            Event(step=step, session_log=SessionLog(status=SessionLog.START))
-        )
+        self._writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
 
     def write(self, record: dict[str, Any]) -> None:
         kind = record.get("kind")

@@ -114,7 +114,7 @@ def test_per_source_losses_equal_a_direct_computation_and_reach_summary_plot_and
     assert f"| eval_loss_change/code | {last['code'] - first['code']:+.4g} |" in table
 
     lines = loss_lines(records)
-    assert list(lines) == ["train", "eval (held out)", "eval: web", "eval: code"]
+    assert list(lines) == ["train", "eval (held out)", "eval: code", "eval: web"]  # sources by name
     for name in ("web", "code"):
         assert lines[f"eval: {name}"] == ([8, 16], [r["eval_loss_by_source"][name] for r in evals])
     assert (config.run_dir() / "loss.png").stat().st_size > 0
