@@ -42,8 +42,9 @@ from tasks.stage_task import IO_RETRIES
 from training.checkpoint import list_checkpoints, newest_valid
 from training.config import ModelConfig, PresetName, ResumePolicy, TrainConfig
 from training.launch import LaunchConfig, torchrun_command, write_launch_file
-from training.metrics import read_metrics, summarize, summary_table
+from training.metrics import last_per_step, read_metrics, summarize, summary_table
 from training.reverted import check_training_data
+from training.tensorboard_log import require_tensorboard
 from versioning import open_repo
 
 _STEP_LINE = re.compile(r"^step (\d+)/(\d+) ")
@@ -98,6 +99,11 @@ class TrainParams(BaseModel):
         description="train on a dataset version that a rollback of main reverted (refused otherwise); "
         "recorded in the run's lineage",
     )
+    tensorboard: bool = Field(
+        default=False,
+        description="also write TensorBoard event files beside metrics.jsonl (rank 0; needs pip install "
+        "tensorboard); the same as the train config's tensorboard key",
+    )
     repo: str | None = Field(default=None, description="dataset repository; default $TOKENLAKE_REPO")
     retries: int = Field(default=2, ge=0, description="times a crashed torchrun is restarted (each resumes)")
     overrides: dict[str, Any] = Field(
@@ -139,7 +145,12 @@ class TrainParams(BaseModel):
             "flow_run_id": flow_run_id,
             "progress": False,  # plain "step N/M" lines: they read well in the Prefect log
         }
-        return TrainConfig.model_validate(fields)
+        if self.tensorboard:  # else the overrides' tensorboard key, if any, decides
+            fields["tensorboard"] = True
+        config = TrainConfig.model_validate(fields)
+        if config.tensorboard:
+            require_tensorboard()  # one sentence now, not a failed torchrun and its retries
+        return config
 
 
 _LAUNCH_ENV = {
@@ -250,6 +261,16 @@ def publish_artifacts(config: TrainConfig, start_step: int = 0) -> TrainSummary:
         key=_key("train-checkpoints", config.run),
         description="checkpoints kept on disk, each bound to the data commit it was trained on",
     )  # fmt: skip
+    evals = last_per_step(records, "eval")
+    if evals:
+        create_table_artifact(
+            [
+                {"step": r["step"], "all sources": r["eval_loss"], **r.get("eval_loss_by_source", {})}
+                for r in evals
+            ],
+            key=_key("train-eval", config.run),
+            description="held-out loss per evaluation, over all sources and per source of the mix",
+        )
     plot = run_dir / "loss.png"
     if plot.is_file():
         data = plot.read_bytes()
@@ -259,7 +280,9 @@ def publish_artifacts(config: TrainConfig, start_step: int = 0) -> TrainSummary:
             else plot.resolve().as_uri()
         )
         create_image_artifact(
-            url, key=_key("train-plot", config.run), description="loss and tokens/s per step"
+            url,
+            key=_key("train-plot", config.run),
+            description="loss (held out: overall and per source) and tokens/s per step",
         )
     latest = checkpoints[-1] if checkpoints else None
     create_markdown_artifact(

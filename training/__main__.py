@@ -33,6 +33,11 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     )
     parser.add_argument("--flow-run-id")
     parser.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write TensorBoard event files (pip install tensorboard)",
+    )
+    parser.add_argument(
         "--no-progress", action="store_true", help="plain log lines instead of a progress bar"
     )
     args = parser.parse_args(argv)
@@ -56,6 +61,8 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         fields["progress"] = False
     if args.allow_reverted:
         fields["allow_reverted"] = True
+    if args.tensorboard:
+        fields["tensorboard"] = True
     return TrainConfig.model_validate(fields)
 
 

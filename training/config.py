@@ -232,6 +232,11 @@ class TrainConfig(_Frozen):
         description="deterministic kernels (slower on CUDA); CPU kernels already are, for a fixed thread count",
     )
     report: bool = Field(default=True, description="write the summary table and the loss plot at the end")
+    tensorboard: bool = Field(
+        default=False,
+        description="rank 0 also writes TensorBoard event files beside metrics.jsonl (needs the tensorboard "
+        "package: pip install tensorboard); off: tensorboard is never imported",
+    )
     resume: ResumePolicy = "auto"
     allow_reverted: bool = Field(
         default=False,

@@ -10,6 +10,7 @@ from formats.rollbacks import Reverted
 from training.config import TrainConfig
 from training.data import Loader, ShardCache, open_streaming
 from training.distributed import DistContext
+from training.evaluation import HeldoutEvaluation
 from training.loader_pool import Notify, ProcessLoader, make_loader
 from training.reverted import RevertedDataRefused, check_training_data
 from versioning import DataRepo, open_repo
@@ -75,13 +76,14 @@ class TrainInputs:
     def _choose_evaluation(self) -> None:
         """Whole global batches of held-out sequences, so every world size evaluates the same ones."""
         config = self.cfg
-        self.eval_ids = self.dataset.heldout_ids(
+        ids = self.dataset.heldout_ids(
             config.data.eval_sequences // config.global_batch * config.global_batch
         )
-        if config.eval_every and len(self.eval_ids[0]) < config.global_batch:
+        if config.eval_every and len(ids[0]) < config.global_batch:
             self.say("evaluation is off: fewer held-out sequences than one global batch")
-            self.eval_ids = (self.eval_ids[0][:0], self.eval_ids[1][:0])
-        self.dataset.keep_rows(*self.eval_ids)  # read once: evaluating never waits on the cache
+            ids = (ids[0][:0], ids[1][:0])
+        self.dataset.keep_rows(*ids)  # read once: evaluating never waits on the cache
+        self.evaluation = HeldoutEvaluation(self.dataset, ids, config.global_batch, self.loader.my_slice)
 
     def close(self) -> None:
         if self.loader is not None:

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-import numpy as np
 import torch
 
 from formats.layout import event_record_path
@@ -195,48 +194,32 @@ class StepLoop:
     def _judgement_due(self) -> bool:
         """Whether the step just applied ends a window (checkpoint, evaluation, the last step)."""
         step = self.progress.step
-        evaluates = self.cfg.eval_every and len(self.inputs.eval_ids[0]) and step % self.cfg.eval_every == 0
+        evaluates = self.cfg.eval_every and len(self.inputs.evaluation) and step % self.cfg.eval_every == 0
         return step % self.cfg.checkpoint.every == 0 or step == self.cfg.steps or bool(evaluates)
 
     def _complete(self, steps: list[_Step]) -> None:
-        """After judged steps: evaluation and checkpoint when due, then their metrics records."""
+        """After judged steps: evaluation and checkpoint when due, then their metrics records.
+
+        The evaluation's time is in the step's wall time (``step_ms``, ``tokens_per_s``) and
+        shown on its own as ``eval_ms``, like a checkpoint's stall."""
         extra: dict[str, Any] = {}
         step, last = self.progress.step, self.progress.step == self.cfg.steps
-        if self.cfg.eval_every and len(self.inputs.eval_ids[0]) and (step % self.cfg.eval_every == 0 or last):
-            eval_loss = self._evaluate()
-            self.checkpoints.last_metrics["eval_loss"] = eval_loss
+        evaluation = self.inputs.evaluation
+        if self.cfg.eval_every and len(evaluation) and (step % self.cfg.eval_every == 0 or last):
+            result = evaluation.run(self.engine, self.dist)
+            self.checkpoints.last_metrics.update(eval_loss=result.loss, eval_loss_by_source=result.by_source)
+            extra["eval_ms"] = 1000 * result.seconds
             if self.metrics:
-                self.metrics.write(
-                    {"kind": "eval", "step": step, "eval_loss": eval_loss, "time": time.time()}
-                )
+                self.metrics.write(result.record(step))
         if step % self.cfg.checkpoint.every == 0 or last:
             self.checkpoints.last_metrics.update(loss=steps[-1].values[0], step=step)
             timing = self.checkpoints.save()
-            extra = {
-                "ckpt_stall_ms": 1000 * timing.stall_s,
-                "ckpt_wait_ms": 1000 * timing.waited_s,
-                "ckpt_staged_mb": timing.staged_bytes / 2**20,
-            }
+            extra.update(
+                ckpt_stall_ms=1000 * timing.stall_s,
+                ckpt_wait_ms=1000 * timing.waited_s,
+                ckpt_staged_mb=timing.staged_bytes / 2**20,
+            )
         self._record(steps, extra)
-
-    def _evaluate(self) -> float:
-        engine, (sources, indices) = self.engine, self.inputs.eval_ids
-        totals = torch.zeros(2, dtype=torch.float64, device=engine.device)
-        engine.model.eval()
-        with torch.no_grad():
-            for start in range(0, len(sources), self.cfg.global_batch):
-                mine = self.loader.my_slice(np.arange(start, start + self.cfg.global_batch))
-                rows = torch.from_numpy(self.dataset.rows(sources[mine], indices[mine])).to(engine.device)
-                for micro in rows.view(engine.accumulation, engine.micro_batch, -1):
-                    with engine.autocast:
-                        _, loss = engine.model(micro[:, :-1], micro[:, 1:])
-                    tokens = micro[:, 1:].numel()
-                    totals += torch.tensor(
-                        [loss.item() * tokens, tokens], dtype=torch.float64, device=engine.device
-                    )
-        engine.model.train()
-        totals = self.dist.sum(totals)
-        return float(totals[0] / totals[1])
 
     def _record(self, steps: list[_Step], extra: dict[str, Any] | None = None) -> None:
         """Metrics records of accepted steps; the time since the last record is shared among them."""

@@ -21,7 +21,7 @@ import resource
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import torch
 from tqdm import tqdm
@@ -52,12 +52,28 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+class EventSink(Protocol):
+    """Also receives every record (TensorBoard: :class:`training.tensorboard_log.TensorBoardLog`)."""
+
+    def write(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class MetricsLog:
     """Rank 0's metrics: appended to ``metrics.jsonl`` (a resumed run appends; replayed steps
     appear again and the last record of a step is the one that counts)."""
 
-    def __init__(self, path: Path, total_steps: int, first_step: int, progress: bool):
+    def __init__(
+        self,
+        path: Path,
+        total_steps: int,
+        first_step: int,
+        progress: bool,
+        tensorboard: EventSink | None = None,
+    ):
         self.path = path
+        self._tensorboard = tensorboard
         self._file = open_jsonl_for_append(path)
         self._bar = tqdm(
             total=total_steps,
@@ -74,6 +90,8 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, sort_keys=True) + "\n")
         self._file.flush()
+        if self._tensorboard:
+            self._tensorboard.write(record)
         if record.get("kind") == "train":
             self._show(record)
         elif record.get("kind") in ("eval", "rollback", "resume"):
@@ -101,6 +119,8 @@ class MetricsLog:
     def close(self) -> None:
         self._bar.close()
         self._file.close()
+        if self._tensorboard:
+            self._tensorboard.close()
 
 
 def open_jsonl_for_append(path: Path) -> TextIO:
@@ -145,21 +165,28 @@ def last_per_step(records: list[dict[str, Any]], kind: str) -> list[dict[str, An
 
 
 def summarize(records: list[dict[str, Any]], skip_first: int = 2) -> dict[str, Any]:
-    """Headline numbers of a run; medians skip the first steps of each process (warm-up, compile)."""
+    """Headline numbers of a run; medians skip the first steps of each process (warm-up, compile).
+
+    Per source of the mix: the last held-out loss (``eval_loss/<source>``) and its change since
+    the evaluation before (``eval_loss_change/<source>``; at or above 0, that source's loss has
+    stopped falling). ``eval_share``: the evaluations' part of the run's step time."""
     train = last_per_step(records, "train")
     evals = last_per_step(records, "eval")
     steady = [r for r in train if r.get("steps_in_process", skip_first + 1) > skip_first] or train
     stalls = [r["ckpt_stall_ms"] for r in train if "ckpt_stall_ms" in r]
+    eval_times = [r["eval_ms"] for r in evals if "eval_ms" in r]
 
     def median(key: str) -> float | None:
         values = [r[key] for r in steady if r.get(key) is not None]
         return statistics.median(values) if values else None
 
+    step_time = sum(r["step_ms"] for r in train)
     return {
         "steps": train[-1]["step"] if train else 0,
         "tokens": train[-1]["tokens"] if train else 0,
         "final_loss": train[-1]["loss"] if train else None,
         "eval_loss": evals[-1]["eval_loss"] if evals else None,
+        **_per_source_evaluation(evals),
         "tokens_per_s": median("tokens_per_s"),
         "step_ms": median("step_ms"),
         "data_wait_share": median("data_wait_share"),
@@ -167,8 +194,25 @@ def summarize(records: list[dict[str, Any]], skip_first: int = 2) -> dict[str, A
         "mfu": median("mfu"),
         "peak_memory_mb": max((r["peak_memory_mb"] for r in train), default=None),
         "ckpt_stall_ms": statistics.median(stalls) if stalls else None,
+        "eval_ms": statistics.median(eval_times) if eval_times else None,
+        "eval_share": sum(r.get("eval_ms", 0.0) for r in train) / step_time if step_time else None,
         "rollbacks": sum(1 for r in records if r.get("kind") == "rollback"),
     }
+
+
+def _per_source_evaluation(evals: list[dict[str, Any]]) -> dict[str, float | None]:
+    if not evals:
+        return {}
+    last = evals[-1].get("eval_loss_by_source", {})
+    before = evals[-2].get("eval_loss_by_source", {}) if len(evals) > 1 else {}
+    rows: dict[str, float | None] = {f"eval_loss/{name}": loss for name, loss in last.items()}
+    rows.update(
+        {
+            f"eval_loss_change/{name}": loss - before[name] if name in before else None
+            for name, loss in last.items()
+        }
+    )
+    return rows
 
 
 def summary_table(summary: dict[str, Any]) -> str:
@@ -177,10 +221,12 @@ def summary_table(summary: dict[str, Any]) -> str:
     def fmt(key: str, value: Any) -> str:
         if value is None:
             return "n/a"
-        if key == "data_wait_share" or key == "mfu":
+        if key in ("data_wait_share", "mfu", "eval_share"):
             return f"{100 * value:.2f}%"
         if key == "flops_per_s":
             return f"{value / 1e12:.3f} TFLOP/s" if value >= 1e11 else f"{value / 1e9:.2f} GFLOP/s"
+        if key.startswith("eval_loss_change/"):
+            return f"{value:+.4g}"
         if isinstance(value, float):
             return f"{value:.4g}"
         return str(value)
@@ -189,26 +235,45 @@ def summary_table(summary: dict[str, Any]) -> str:
     return "| metric | value |\n|---|---|\n" + rows + "\n"
 
 
+def loss_lines(records: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
+    """The lines of the loss plot by label: train, held-out overall, then one per source (by name:
+    the records hold them sorted)."""
+    train = last_per_step(records, "train")
+    evals = last_per_step(records, "eval")
+    lines = {"train": ([r["step"] for r in train], [r["loss"] for r in train])}
+    if evals:
+        lines["eval (held out)"] = ([r["step"] for r in evals], [r["eval_loss"] for r in evals])
+    names = dict.fromkeys(name for r in evals for name in r.get("eval_loss_by_source", {}))
+    for name in names:
+        scored = [r for r in evals if name in r.get("eval_loss_by_source", {})]
+        lines[f"eval: {name}"] = (
+            [r["step"] for r in scored],
+            [r["eval_loss_by_source"][name] for r in scored],
+        )
+    return lines
+
+
 def plot_run(records: list[dict[str, Any]], path: Path, title: str) -> Path:
-    """Loss (train and eval) and throughput against the step, as a PNG."""
+    """Loss (train, held out, held out per source) and throughput against the step, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     train = last_per_step(records, "train")
-    evals = last_per_step(records, "eval")
     fig, (ax_loss, ax_speed) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", linewidth=1)
-    if evals:
-        ax_loss.plot(
-            [r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval (held out)"
-        )
+    for label, (steps, values) in loss_lines(records).items():
+        if label == "train":
+            ax_loss.plot(steps, values, label=label, linewidth=1)
+        elif label.startswith("eval: "):
+            ax_loss.plot(steps, values, ".--", label=label, linewidth=1)
+        else:
+            ax_loss.plot(steps, values, "o-", label=label)
     for r in records:
         if r.get("kind") == "rollback":
             ax_loss.axvline(r["at_step"], color="red", alpha=0.4, linestyle="--")
     ax_loss.set_ylabel("loss")
-    ax_loss.legend()
+    ax_loss.legend(fontsize="small")
     ax_loss.set_title(title)
     ax_speed.plot([r["step"] for r in train], [r["tokens_per_s"] for r in train], linewidth=1)
     ax_speed.set_ylabel("tokens/s")

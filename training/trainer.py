@@ -24,6 +24,7 @@ from training.checkpoint import META, CheckpointManager, list_checkpoints
 from training.config import TrainConfig
 from training.distributed import DistContext, close_distributed, init_distributed
 from training.engine import ModelEngine
+from training.errors import TrainingError
 from training.faults import FaultInjector
 from training.inputs import TrainInputs
 from training.lineage import LineageWriter
@@ -60,6 +61,7 @@ class Trainer:
         self.run_dir = config.run_dir()
         self.checkpoint_dir = self.run_dir / "checkpoints"
         config.accumulation_steps(dist.world_size)  # a global batch that does not divide fails here
+        self._check_tensorboard()
         self.run_lock = self._lock_run()
         self.repo_spec = config.repo or default_repo_spec()
         if dist.is_main:
@@ -147,6 +149,23 @@ class Trainer:
             raise TransientError("injected fault (faults.lineage_outage): the repository is unreachable")
         return open_repo(self.repo_spec, create=False)
 
+    def _check_tensorboard(self) -> None:
+        """With ``tensorboard`` on, rank 0 (the one that writes) needs the package; every rank stops
+        with its sentence before any data is read. Off, nothing of it is imported."""
+        if not self.cfg.tensorboard:
+            return
+        refusal = None
+        if self.dist.is_main:
+            from training.tensorboard_log import require_tensorboard
+
+            try:
+                require_tensorboard()
+            except TrainingError as exc:
+                refusal = str(exc)
+        refusal = self.dist.broadcast(refusal)
+        if refusal:
+            raise TrainingError(refusal)
+
     def _lock_run(self) -> RunLock | None:
         """Rank 0 holds the run; every rank refuses together when another trainer has it."""
         lock, refusal = None, None
@@ -186,7 +205,11 @@ class Trainer:
         self._record_reverted_data()
         if self.dist.is_main:
             self.metrics = MetricsLog(
-                self.run_dir / "metrics.jsonl", self.cfg.steps, self.progress.step, self.cfg.progress
+                self.run_dir / "metrics.jsonl",
+                self.cfg.steps,
+                self.progress.step,
+                self.cfg.progress,
+                tensorboard=self._open_tensorboard(),
             )
             self.metrics.write(
                 {
@@ -200,6 +223,13 @@ class Trainer:
             )
         self.loop.run(self.metrics)
         return self._finish()
+
+    def _open_tensorboard(self) -> Any:
+        if not self.cfg.tensorboard:
+            return None
+        from training.tensorboard_log import TensorBoardLog
+
+        return TensorBoardLog(self.run_dir, self.progress.step)
 
     def close(self) -> None:
         """Stop the loader, finish a save in flight, give queued lineage a last try (also after an error).

@@ -5,6 +5,7 @@
     tokenlake train --dataset main --run demo --resume allow-data-change
     tokenlake train --dataset ds-20260101-2 --allow-reverted   # on purpose, recorded in lineage
     tokenlake train --dataset main --set global_batch=32 --set checkpoint.every=100
+    tokenlake train --dataset v3 --tensorboard   # then: tensorboard --logdir .tokenlake/runs
 
 ``--set`` takes any TrainConfig field (dotted for nested ones); values are JSON when they
 parse as JSON, else strings. The repository is the top-level ``--repo``.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from flows.commands.values import whole_number
@@ -73,6 +75,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--retries", type=whole_number(0), default=2, help="restarts of a crashed torchrun (default: 2)"
     )
     parser.add_argument(
+        "--tensorboard", action="store_true",
+        help="also write TensorBoard event files beside metrics.jsonl (needs pip install tensorboard; "
+        "view with tensorboard --logdir <home>/runs)",
+    )  # fmt: skip
+    parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="any TrainConfig field, e.g. global_batch=32 or checkpoint.every=100 (repeatable)",
     )  # fmt: skip
@@ -114,7 +121,7 @@ def run_train(args: argparse.Namespace) -> int:
             dataset=args.dataset, steps=args.steps, preset=args.preset, nproc=args.nproc, nnodes=args.nnodes,
             rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, run=args.run,
             resume=args.resume, allow_reverted=args.allow_reverted, retries=args.retries, repo=args.repo,
-            overrides=overrides,
+            tensorboard=args.tensorboard, overrides=overrides,
         )  # fmt: skip
     except ValidationError as exc:
         raise ValueError(flag_sentence(exc, {"overrides": "--set"})) from None
@@ -129,11 +136,14 @@ def check_train_config(params: Any, commit: str) -> None:
     from pydantic import ValidationError
 
     from flows.commands.values import one_sentence
+    from training.errors import TrainingError
 
     try:
         params.train_config(commit, flow_run_id="")
     except ValidationError as exc:
         raise ValueError(f"--set {one_sentence(exc)}") from None
+    except TrainingError as exc:  # --tensorboard without the package
+        raise ValueError(str(exc)) from None
 
 
 def print_training(summary: Any) -> None:
@@ -148,3 +158,5 @@ def print_training(summary: Any) -> None:
               f"({summary.data_commit[:12]}); --steps N trains it further")  # fmt: skip
     print(f"newest checkpoint: {summary.checkpoint}")
     print(f"checkpoints, metrics.jsonl and loss.png: {summary.run_dir}")
+    if any(Path(summary.run_dir).glob("events.out.tfevents.*")):
+        print(f"TensorBoard: tensorboard --logdir {summary.run_dir}")

@@ -21,6 +21,7 @@ from training.config import (
     StabilityConfig,
     TrainConfig,
 )
+from training.data import ShardCache, batch_positions, open_dataset
 from training.metrics import read_metrics
 from training.synthetic import publish_synthetic_dataset
 from versioning.local import LocalRepo
@@ -73,6 +74,20 @@ def make_config(ds: Dataset, run: str, **fields) -> TrainConfig:
         report=False,
     )
     return TrainConfig(**{**defaults, **fields})
+
+
+def windows(ds: Dataset, tmp_path: Path, steps: int, skipped: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[start, end) of the sample window of each step (global batch 8), as the loader computes it."""
+    repo = LocalRepo(ds.repo)
+    _, data = open_dataset(
+        repo, str(ds.repo), ds.commit, ShardCache(tmp_path / "cache"), 0.05, True, lambda: None
+    )
+    found, cursor = [], 0
+    for _ in range(steps):
+        _, end = batch_positions(data, cursor, 8, skipped)
+        found.append((cursor, end))
+        cursor = end
+    return found
 
 
 def device_for_ranks(nproc: int) -> tuple[str, str | None]:

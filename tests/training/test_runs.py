@@ -8,10 +8,10 @@ import shutil
 import pytest
 import torch
 
-from tests.training.helpers import Dataset, final_weights, make_config, make_dataset, train_records
+from tests.training.helpers import Dataset, final_weights, make_config, make_dataset, train_records, windows
 from training.checkpoint import list_checkpoints
 from training.config import CheckpointConfig, FaultConfig
-from training.data import DataError, ShardCache, batch_positions, open_dataset
+from training.data import DataError
 from training.errors import TrainingError
 from training.metrics import read_metrics
 from training.resume import DataChangeRefused
@@ -120,20 +120,6 @@ def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_valid_one(data
     replayed = [r for r in train_records(config.run_dir())[12:] if r["step"] <= 12]
     assert [r["step"] for r in replayed] == [9, 10, 11, 12]
     assert all(r["loss"] == first[r["step"]] for r in replayed)
-
-
-def windows(ds: Dataset, tmp_path, steps: int, skipped: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """[start, end) of the sample window of each step, as the loader computes it."""
-    repo = LocalRepo(ds.repo)
-    _, data = open_dataset(
-        repo, str(ds.repo), ds.commit, ShardCache(tmp_path / "cache"), 0.05, True, lambda: None
-    )
-    found, cursor = [], 0
-    for _ in range(steps):
-        _, end = batch_positions(data, cursor, 8, skipped)
-        found.append((cursor, end))
-        cursor = end
-    return found
 
 
 def test_spike_and_nan_roll_back_skip_their_window_and_a_later_resume_skips_it_too(dataset, tmp_path):
