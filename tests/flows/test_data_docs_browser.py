@@ -19,13 +19,13 @@ import pytest
 from tasks.data_docs import make_offline
 from tasks.gates import Coverage, GateCheck, run_gate
 from tasks.schema import document_id
+from tests.tasks.test_gates import _documents  # the documents of the raw_documents suite
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="needs Debian's chromium (apt-get install chromium)"
 )
 
-TEXT = "A plain sentence of prose that is long enough to be kept by ingest and by the filters."
 # Appended to a copy of a page: writes what the browser made of the page into the DOM it dumps.
 PROBE = """
 <script>
@@ -46,19 +46,6 @@ window.addEventListener("load", function () {
 });
 </script>
 """
-
-
-def _documents(rows: list[tuple[str | None, str, str]]) -> pa.Table:
-    return pa.table(
-        {
-            "id": [document_id(s, loc) if i is None else i for i, s, loc in rows],
-            "source": [s for _, s, _ in rows],
-            "text": [TEXT] * len(rows),
-            "locator": [loc for _, _, loc in rows],
-            "meta": ["{}"] * len(rows),
-            "text_chars": [len(TEXT)] * len(rows),
-        }
-    )
 
 
 def _site(docs: Path, frame: pa.Table) -> tuple[Path, bool]:
