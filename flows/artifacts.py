@@ -21,6 +21,7 @@ from prefect.artifacts import update_progress_artifact as _update_progress
 from flows.listeners import Listeners
 from formats import layout
 from tasks.stage import StageResult
+from tasks.stage_task import top_reasons
 
 SHORT_ID = 12
 
@@ -120,7 +121,8 @@ def stage_row(run: StageRun) -> dict[str, Any]:
     documents = counts_documents(result)
     seconds = round(float(report.get("seconds", 0.0)), 2)
     if run.reused:
-        ran = f"reused (computed in {seconds:.1f} s by run {run.computed_by or 'an earlier run'})"
+        by = f"run {run.computed_by}" if run.computed_by else "an earlier run"
+        ran = f"reused (computed in {seconds:.1f} s by {by})"
     else:
         ran = "ran"
     return {
@@ -139,18 +141,65 @@ def stage_row(run: StageRun) -> dict[str, Any]:
     }
 
 
+def compact_row(run: StageRun) -> dict[str, Any]:
+    """A stage as a row narrow enough to read beside the others: the long text (every
+    reason, what it produced, the run it was reused from, the full commit) is in
+    :func:`detail_rows`."""
+    row = stage_row(run)
+    documents = row["quarantined"] is not None
+    return {
+        "stage": row["stage"],
+        "documents in": row["documents in"],
+        "kept": row["kept"],
+        "quarantined": row["quarantined"],
+        "top reasons": top_reasons(run.result.report.get("rejected") or {}) if documents else None,
+        "tokens": row["tokens"],
+        "seconds": row["seconds"],
+        "ran": "reused" if run.reused else "ran",
+        "commit": row["commit"][:SHORT_ID],
+    }
+
+
+def detail_rows(done: list[StageRun]) -> list[dict[str, Any]]:
+    """The long text of the stages table, one fact per row: what each stage produced, where a
+    reused stage was computed, each quarantine reason with its count, the full commit."""
+    rows = []
+    for run in done:
+        row = stage_row(run)
+        facts = [("produced", row["produced"])]
+        if run.reused:
+            facts.append(("ran", row["ran"]))
+        rejected = run.result.report.get("rejected") or {}
+        facts += [
+            (f"quarantined: {reason}", n) for reason, n in sorted(rejected.items(), key=lambda kv: -kv[1])
+        ]
+        facts.append(("commit", row["commit"]))
+        rows += [{"stage": row["stage"], "detail": detail, "value": value} for detail, value in facts]
+    return rows
+
+
 def _cell(value: Any) -> str:
     return "" if value is None else str(value).replace("|", "\\|")
 
 
+def _cells(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return [{k: _cell(v) for k, v in row.items()} for row in rows]
+
+
 def stages_table(done: list[StageRun]) -> None:
-    """One table for the run (each stage task leaves its own per-source table when it runs)."""
-    rows = [{k: _cell(v) for k, v in stage_row(run).items()} for run in done]
+    """Two tables for the run (each stage task leaves its own per-source table when it runs):
+    one row per stage, and the long text of each stage, one fact per row."""
     create_table_artifact(
-        rows,
+        _cells([compact_row(run) for run in done]),
         key="curate-stages",
-        description="curate stages: documents in / kept / quarantined by reason, what each produced, "
-        "seconds this run (0 when reused), commit",
+        description="curate stages: documents in / kept / quarantined (the top reasons), tokens, seconds this "
+        "run (0 when reused), commit; every reason and what each stage produced: curate-stage-details",
+    )
+    create_table_artifact(
+        _cells(detail_rows(done)),
+        key="curate-stage-details",
+        description="curate stages, one fact per row: what each produced, the run a reused stage was "
+        "computed by, each quarantine reason, the full commit",
     )
 
 
@@ -172,13 +221,16 @@ def summary_markdown(published: Any, branch: str, done: list[StageRun], links: S
         f"Run branch `{branch}`, repository `{links.repository}`.",
         "",
     ]
-    rows = [stage_row(run) for run in done]
+    rows = [compact_row(run) for run in done]
     if rows:
         columns = [c for c in rows[0] if c != "commit"]
         lines += ["| " + " | ".join(columns) + " | commit |", "|" + "---|" * (len(columns) + 1)]
         lines += [
-            "| " + " | ".join(_cell(row[c]) for c in columns) + f" | `{row['commit'][:SHORT_ID]}` |"
-            for row in rows
+            "| " + " | ".join(_cell(row[c]) for c in columns) + f" | `{row['commit']}` |" for row in rows
+        ]
+        lines += [
+            "",
+            "Every quarantine reason and what each stage produced: the `curate-stage-details` table.",
         ]
     if links.data_docs:
         lines += ["", "Great Expectations Data Docs (each stage's gate):", ""]

@@ -12,13 +12,14 @@ of another type (Kubernetes) is registered but needs its worker where that infra
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from flows.served_workers import STOP_TIMEOUT_S, ServedWorkers
 
 
 class ServeError(ValueError):
@@ -98,23 +99,20 @@ def deploy_all(prefect_yaml: Path, root: Path) -> list[str]:
     return [name for name, kind in sorted(types.items()) if kind == "process"]
 
 
-def start_worker(pools: list[str], root: Path) -> int:
-    """One ``prefect worker start --pool P`` per pool, in the foreground until interrupted."""
+def start_worker(pools: list[str], root: Path, stop_timeout: float = STOP_TIMEOUT_S) -> int:
+    """One ``prefect worker start --pool P`` per pool, in the foreground until they exit or a
+    signal stops them (:mod:`flows.served_workers`: a bounded stop)."""
     if not pools:
         raise ServeError("no process work pool to run a worker for")
+    if stop_timeout < 0:
+        raise ServeError(f"--stop-timeout must be 0 or more seconds, not {stop_timeout:g}")
     workers: list[subprocess.Popen[Any]] = [
         subprocess.Popen(
             [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
             cwd=root,
             env=_environment(root),
+            start_new_session=True,
         )
         for pool in pools
     ]
-    try:
-        return max(worker.wait() for worker in workers)
-    except KeyboardInterrupt:
-        for worker in workers:
-            worker.send_signal(signal.SIGINT)
-        for worker in workers:
-            worker.wait()
-        return 130
+    return ServedWorkers(workers, stop_timeout).wait()

@@ -46,7 +46,7 @@ from flows.params import CurateParams
 from flows.wap import ChainLink, PublishRecord, published_record, run_branch
 from formats import layout
 from tasks.stage import StageResult
-from tasks.stage_task import retry_transient
+from tasks.stage_task import leave_stage_table, retry_transient
 from versioning import default_repo_spec, open_repo
 
 
@@ -128,6 +128,8 @@ class StageRunner:
             open_repo(self.repo_spec, create=False).reset_hard(self.branch, result.commit_id)
         self.on_published_chain = self.on_published_chain and reused and decision == "in-place"
         done = StageRun(result, reused, computed_by=run_label(result.flow_run_id) if reused else "")
+        if reused:
+            leave_stage_table(result, computed_by=done.computed_by)
         self.done.append(done)
         self.links.append(ChainLink(stage, key, result.commit_id))
         self.progress.finished(done)
@@ -147,9 +149,10 @@ def published_version_at(repo: Any, head: str) -> PublishRecord | None:
 
 
 def run_label(flow_run_id: str) -> str:
-    """A flow run as the Prefect UI names it (``brave-tiger``), else its id's first 8 characters."""
+    """A flow run as the Prefect UI names it (``brave-tiger``), else its id's first 8 characters;
+    empty when the result names no run."""
     if not flow_run_id:
-        return "an earlier run"
+        return ""
     try:
         with get_client(sync_client=True) as client:
             return client.read_flow_run(flow_run_id).name

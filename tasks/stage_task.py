@@ -42,12 +42,22 @@ def stage_logger(name: str) -> logging.Logger | logging.LoggerAdapter:
     return get_run_logger() if TaskRunContext.get() else logging.getLogger(name)
 
 
+def top_reasons(rejected: dict[str, int], shown: int | None = 3) -> str:
+    """Quarantine reasons, the most frequent first: the first ``shown`` (all if None), then how
+    many more there are."""
+    ranked = sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{reason}: {n}" for reason, n in ranked[:shown])
+    more = len(ranked) - len(ranked[:shown])
+    return (text + (f", +{more} more" if more else "")) or "none"
+
+
 def _cells(stats: dict[str, Any]) -> dict[str, Any]:
-    """A source's report entry as table cells: rejected by reason, scalars, lists joined."""
+    """A source's report entry as table cells: rejected (the count and the top reasons, so the
+    table stays narrow however many reasons there are), scalars, lists joined."""
     cells: dict[str, Any] = {}
     for key, value in stats.items():
         if key == "rejected":
-            cells |= {f"rejected_{reason}": n for reason, n in sorted(value.items())}
+            cells |= {"rejected": sum(value.values()), "top reasons": top_reasons(value)}
         elif isinstance(value, list):
             cells[key] = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
         elif not isinstance(value, dict):
@@ -80,12 +90,6 @@ def stage_name(run: StageFunction) -> str:
     return run.__name__.removeprefix("run_")
 
 
-def _reasons(rejected: dict[str, int]) -> str:
-    return (
-        ", ".join(f"{reason}: {n}" for reason, n in sorted(rejected.items(), key=lambda kv: -kv[1])) or "none"
-    )
-
-
 def stage_lines(report: dict[str, Any]) -> list[str]:
     """What a stage read, kept and quarantined, per source and in total, and its note: the lines
     a person watching the run's log reads."""
@@ -94,12 +98,12 @@ def stage_lines(report: dict[str, Any]) -> list[str]:
         if "documents_in" in stats:
             lines.append(
                 f"{source}: read {stats['documents_in']} documents, kept {stats['kept']}, "
-                f"quarantined {sum(stats['rejected'].values())} ({_reasons(stats['rejected'])})"
+                f"quarantined {sum(stats['rejected'].values())} ({top_reasons(stats['rejected'], shown=None)})"
             )
     if lines:
         lines.append(
             f"all sources: read {report['documents_in']}, kept {report['kept']}, "
-            f"quarantined {report['rejected_total']} ({_reasons(report['rejected'])})"
+            f"quarantined {report['rejected_total']} ({top_reasons(report['rejected'], shown=None)})"
         )
     if report["tokens"]:
         lines.append(f"{report['tokens']} tokens")
@@ -128,9 +132,19 @@ def run_stage_task(
     gate = (report["expectations"] or {}).get("summary", "none")
     log.info("%s: gate %s; %.1f s; commit %s", result.stage, gate, report["seconds"], result.commit_id)
     if TaskRunContext.get() is not None:  # ``task.fn`` leaves no artifact
-        create_table_artifact(
-            table=stage_table(report),
-            key=f"{result.stage}-stage",
-            description=f"{result.stage} stage, commit {result.commit_id}",
-        )
+        leave_stage_table(result)
     return result
+
+
+def leave_stage_table(result: StageResult, computed_by: str | None = None) -> None:
+    """The stage's ``<stage>-stage`` table artifact. A reused stage (its task Cached, its body
+    not run; ``computed_by`` the run that computed it, empty if unknown) gets that run's table,
+    so every run shows every stage."""
+    note = f"{result.stage} stage"
+    if computed_by is not None:
+        note += f", reused, computed by {f'run {computed_by}' if computed_by else 'an earlier run'}"
+    create_table_artifact(
+        table=stage_table(result.report),
+        key=f"{result.stage}-stage",
+        description=f"{note}, commit {result.commit_id}",
+    )

@@ -21,6 +21,8 @@ DEFAULT_PREFECT_YAML = PROJECT_ROOT / "deploy" / "prefect.yaml"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from flows.served_workers import STOP_TIMEOUT_S
+
     curate = subparsers.add_parser(
         "curate",
         help="run the curate flow: ingest, validate, dedup, shard, mix, publish",
@@ -69,6 +71,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(PREFECT_API_URL).",
     )
     serve.add_argument("--prefect-yaml", type=Path, default=DEFAULT_PREFECT_YAML, metavar="FILE")
+    serve.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=STOP_TIMEOUT_S,
+        metavar="S",
+        help="at SIGTERM or Ctrl-C, the seconds runs in flight get to finish before they are ended and "
+        "marked Crashed (default %(default)g; a second signal ends them at once)",
+    )
     serve.set_defaults(handler=run_serve)
 
 
@@ -225,11 +235,11 @@ CONSOLE_COLUMNS = (
 def _compact(row: dict[str, Any]) -> dict[str, Any]:
     """A console row: the three most frequent quarantine reasons; tokens are in 'produced', the
     full commit ids in --json and the Prefect artifacts."""
-    reasons = [r for r in (row["quarantined by reason"] or "").split(", ") if r and r != "none"]
-    reasons.sort(key=lambda r: -int(r.rsplit(": ", 1)[1]))
-    shown = ", ".join(reasons[:3]) + (f", +{len(reasons) - 3} more" if len(reasons) > 3 else "")
+    from flows.artifacts import top_reasons
+
+    reasons = [r.rsplit(": ", 1) for r in (row["quarantined by reason"] or "").split(", ") if ": " in r]
     if row["quarantined by reason"] is not None:
-        row = row | {"quarantined by reason": shown or "none"}
+        row = row | {"quarantined by reason": top_reasons({reason: int(n) for reason, n in reasons})}
     return {column: row[column] for column in CONSOLE_COLUMNS}
 
 
@@ -315,8 +325,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     pools = deploy_all(args.prefect_yaml, PROJECT_ROOT)
     print(f"tokenlake serve: registered the deployments of {args.prefect_yaml}; worker for pool(s) "
-          f"{', '.join(pools)} starting (Ctrl-C stops it)", file=sys.stderr)  # fmt: skip
-    return start_worker(pools, PROJECT_ROOT)
+          f"{', '.join(pools)} starting (Ctrl-C or SIGTERM stops it within --stop-timeout + 10 s)", file=sys.stderr)  # fmt: skip
+    return start_worker(pools, PROJECT_ROOT, args.stop_timeout)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

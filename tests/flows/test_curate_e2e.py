@@ -33,12 +33,17 @@ ALL_RAN = dict.fromkeys(STAGES, "ran")
 ALL_REUSED = dict.fromkeys(STAGES, "reused")
 
 
-def _artifact_keys(flow_run_id) -> set[str]:
+def _artifacts(flow_run_id) -> dict[str, str]:
+    """{key: description} of a flow run's artifacts."""
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
-    return {a.key for a in artifacts if a.key}
+    return {a.key: a.description or "" for a in artifacts if a.key}
+
+
+def _artifact_keys(flow_run_id) -> set[str]:
+    return set(_artifacts(flow_run_id))
 
 
 def _task_names(flow_run_id) -> list[str]:
@@ -111,8 +116,14 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
 
     # 2. re-run with no change: every stage reused, main unchanged, the same version returned
     with stage_outcomes() as outcomes:
-        again = curate(params)
+        rerun = curate(params, return_state=True)
+    again = rerun.result()
     assert outcomes == ALL_REUSED
+    tables = _artifacts(rerun.state_details.flow_run_id)
+    for stage in STAGES:
+        assert "reused, computed by run " in tables.get(f"{stage}-stage", ""), (
+            f"a cached re-run still shows the {stage} table, saying where it came from: {tables}"
+        )
     assert (again.tag, again.commit_id, again.new) == (first.tag, first.commit_id, False)
     assert repo.resolve(MAIN) == first.commit_id and set(repo.list_branches()) == {MAIN}
 

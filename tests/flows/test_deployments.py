@@ -20,12 +20,12 @@ from uuid import UUID
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Scheduled
 
 from flows.deployments import ServeError, ensure_process_pools, work_pools
 from tests.flows.curate_support import params_for, write_corpus
+from tests.flows.serve_support import WAIT_LIMIT_S, deployment_id, final_state, start_serve
 from versioning.local import LocalRepo
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -43,60 +43,19 @@ def test_prefect_yaml_declares_curate_nightly_janitor_and_train_in_one_pool(tmp_
         work_pools(poolless)
 
 
-# waits end in a failure that shows the serve log, never in a hung suite
-WAIT_LIMIT_S = 300
-
-
 @pytest.fixture
 def served(tmp_path):
     """`tokenlake serve` in a subprocess, talking to the test's Prefect API."""
-    env = os.environ | {
-        "PREFECT_API_URL": PREFECT_API_URL.value(),
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
-        "TOKENLAKE_HOME": str(tmp_path / "home"),
-        "TOKENLAKE_REPO": str(tmp_path / "repo"),
-    }
-    log = (tmp_path / "serve.log").open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "serve", "--prefect-yaml", str(PREFECT_YAML)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    process = start_serve(PREFECT_YAML, tmp_path)
     try:
-        yield _deployment_id("curate/curate-nightly", process, tmp_path / "serve.log")
+        yield deployment_id("curate/curate-nightly", process, tmp_path)
     finally:
         process.send_signal(signal.SIGINT)
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        log.close()
-
-
-def _deployment_id(name: str, process: subprocess.Popen, log: Path) -> UUID:
-    """The deployment once `serve` has registered it (its runner then polls for its runs)."""
-    give_up = time.monotonic() + WAIT_LIMIT_S
-    with get_client(sync_client=True) as client:
-        while process.poll() is None and time.monotonic() < give_up:
-            try:
-                return client.read_deployment_by_name(name).id
-            except ObjectNotFound:
-                time.sleep(0.5)
-    state = f"exited ({process.returncode})" if process.poll() is not None else f"never registered {name!r}"
-    raise AssertionError(f"tokenlake serve {state}:\n{log.read_text()}")
-
-
-def _final_state(flow_run_id: UUID, not_before_run: int = 1):
-    give_up = time.monotonic() + WAIT_LIMIT_S
-    with get_client(sync_client=True) as client:
-        while time.monotonic() < give_up:
-            run = client.read_flow_run(flow_run_id)
-            if run.state and run.state.is_final() and run.run_count >= not_before_run:
-                return run.state
-            time.sleep(0.5)
-    raise AssertionError(f"flow run {flow_run_id} did not finish within {WAIT_LIMIT_S} s")
 
 
 def _task_states(flow_run_id: UUID, attempt: int) -> dict[str, str]:
@@ -125,7 +84,7 @@ def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_sta
         run = client.create_flow_run_from_deployment(
             deployment_id, parameters={"params": params.model_dump(mode="json")}
         )
-    assert _final_state(run.id).is_completed()
+    assert final_state(run.id).is_completed()
     (first_tag,) = [t for t in repo.list_tags() if t.startswith("ds-")]
 
     # The next run reuses a tokenizer tag that does not exist yet: the shard stage fails.
@@ -139,7 +98,7 @@ def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_sta
         run = client.create_flow_run_from_deployment(
             deployment_id, parameters={"params": wanting.model_dump(mode="json")}
         )
-    assert _final_state(run.id).is_failed()
+    assert final_state(run.id).is_failed()
     failed_attempt = _task_states(run.id, attempt=1)
     assert failed_attempt["dedup"] == "Completed" and failed_attempt["shard"] == "Failed"
     assert repo.list_tags().keys() == {first_tag}, "the failed run published nothing"
@@ -147,7 +106,7 @@ def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_sta
     repo.create_tag("tokenizer-v1", first_tag)  # the fix, then the UI's Retry button
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry", message="Retry from the UI"))
-    assert _final_state(run.id, not_before_run=2).is_completed()
+    assert final_state(run.id, not_before_run=2).is_completed()
     retried = _task_states(run.id, attempt=2)
     assert {s: retried[s] for s in ("ingest", "validate", "dedup")} == dict.fromkeys(
         ("ingest", "validate", "dedup"), "Cached"

@@ -316,5 +316,6 @@ def test_the_task_in_a_flow_leaves_table_and_progress_artifacts(prefect_harness,
     assert by_type["table"].key == "shard-stage"
     rows = {row["source"]: row for row in table}
     assert set(rows) == {"web", "code", "empty", "(all)"}
-    assert rows["web"]["stored_tokens"] > 0 and rows["empty"]["rejected_no_tokens"] == 3
+    assert rows["web"]["stored_tokens"] > 0 and rows["empty"]["rejected"] == 3
+    assert rows["empty"]["top reasons"] == "no_tokens: 3"
     assert rows["(all)"]["tokens"] == result.report["tokens"]
