@@ -41,7 +41,7 @@ class CurateRun:
     state: str
     logs: list[tuple[int, str]]  # (level, message)
     task_runs: dict[str, str]  # task name -> state
-    artifacts: set[str]  # keys
+    artifacts: dict[str, UUID]  # key -> id
 
 
 def _free_port() -> int:
@@ -153,7 +153,7 @@ def curate_run(tmp_path_factory) -> Iterator[CurateRun]:
             state=state.name,
             logs=[(r.level, r.message) for r in logs],
             task_runs={r.name.rsplit("-", 1)[0]: r.state.name for r in task_runs if r.state},
-            artifacts={a.key for a in artifacts if a.key},
+            artifacts={a.key: a.id for a in artifacts if a.key},
         )
     finally:
         if serve is not None:
@@ -173,22 +173,32 @@ def test_the_run_page_has_info_logs_stage_tasks_and_keyed_artifacts(curate_run: 
     assert curate_run.task_runs == dict.fromkeys(["open-run-branch", *STAGES, "publish"], "Completed")
     assert {"curate-summary", "curate-stages", "curate-funnel", "curate-progress", "shard-progress"} | {
         f"{stage}-stage" for stage in STAGES
-    } <= curate_run.artifacts
+    } <= set(curate_run.artifacts)
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM} (Debian package `chromium`)")
-def test_a_screenshot_of_the_run_page(curate_run: CurateRun):
-    reports = ROOT / "reports"
-    reports.mkdir(exist_ok=True)
-    shot = reports / "ui-curate-flow-run.png"
+def _screenshot(page: str, shot: Path, width: int) -> None:
+    shot.parent.mkdir(exist_ok=True)
     shot.unlink(missing_ok=True)
-    page = f"{curate_run.ui}/runs/flow-run/{curate_run.flow_run_id}"
     browser = subprocess.run(
         [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--window-size=1440,1200", "--virtual-time-budget=20000", f"--screenshot={shot}", page],
+         f"--window-size={width},1200", "--virtual-time-budget=20000", f"--screenshot={shot}", page],
         capture_output=True, text=True,
     )  # fmt: skip
     assert browser.returncode == 0 and shot.is_file(), browser.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000, (
         "a page, not a blank"
+    )
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM} (Debian package `chromium`)")
+def test_screenshots_of_the_run_page_and_its_stages_table(curate_run: CurateRun):
+    """For a person to look at (reports/): the run page, and the stages table at 1600 px."""
+    _screenshot(
+        f"{curate_run.ui}/runs/flow-run/{curate_run.flow_run_id}",
+        ROOT / "reports" / "ui-curate-flow-run.png",
+        1440,
+    )
+    stages = curate_run.artifacts["curate-stages"]
+    _screenshot(
+        f"{curate_run.ui}/artifacts/artifact/{stages}", ROOT / "reports" / "ui-curate-stages.png", 1600
     )
