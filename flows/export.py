@@ -30,23 +30,26 @@ from flows.lineage import (
     read_lineage,
 )
 from flows.model_card import render_card
+from flows.wap import documents_per_source
 from formats import layout
 from formats.mix import MixPlan
 from formats.rollbacks import Reverted
 from formats.shards import Manifest
-from training.checkpoint import step_dir_name
+from training.checkpoint import COMPLETE, step_dir_name
 from training.export_hf import (
     ARCHITECTURE,
     ExportError,
     LoadedCheckpoint,
     TokenizerFacts,
     fsync_tree,
+    layer_norm_epsilon,
     load_checkpoint,
     tokenizer_facts,
     write_json,
     write_model_files,
 )
 from training.runstate import code_version
+from training.samples import samples_per_source
 from versioning import DataRepo, NotFound, data_home, default_repo_spec, open_repo
 
 LINEAGE_FILE = "tokenlake_lineage.json"
@@ -95,7 +98,10 @@ def export_checkpoint(
         )
     data = describe_data(repo, record.data_commit, index)
     manifest, plan, tokenizer = dataset_files(repo, record.data_commit, loaded)
-    lineage = gather_lineage(record, index, data, manifest, plan, loaded, taints, allow_tainted, repo_spec)
+    kept = documents_per_source(repo, record.data_commit)
+    lineage = gather_lineage(
+        record, index, data, (manifest, plan, kept), loaded, taints, allow_tainted, repo_spec
+    )
     files = write_export(destination, loaded, tokenizer, lineage)
     return ExportResult(
         destination, record.name, files, loaded.model.num_params(non_embedding=False), bool(taints), lineage
@@ -162,12 +168,13 @@ def checkpoint_directory(record: CheckpointRecord, home: str | Path | None) -> P
         runs_home / "runs" / record.run / "checkpoints" / step_dir_name(record.step),
     ]
     for candidate in dict.fromkeys(candidates):
-        if (candidate / "COMPLETE").is_file():
+        if (candidate / COMPLETE).is_file():
             return candidate
     looked = " nor ".join(str(c) for c in dict.fromkeys(candidates))
     raise ValueError(
-        f"the files of checkpoint {record.name} are not on this machine (not in {looked}); "
-        "export on the machine that trained it, or pass --home with its runs' root"
+        f"the files of checkpoint {record.name} are not on this machine (no complete checkpoint in {looked}: "
+        "pruned by checkpoint.keep_last, or saved on another machine); export where it was trained, "
+        "or pass --home with the runs' root that holds it"
     )
 
 
@@ -200,24 +207,37 @@ def gather_lineage(
     record: CheckpointRecord,
     index: LineageIndex,
     data: DataVersion,
-    manifest: Manifest,
-    plan: MixPlan,
+    dataset: tuple[Manifest, MixPlan, dict[str, int]],
     loaded: LoadedCheckpoint,
     taints: list[Reverted],
     allow_tainted: bool,
     repo_spec: str | None,
 ) -> dict[str, Any]:
-    """``tokenlake_lineage.json``: what the model was trained on and how, and whether it is tainted."""
+    """``tokenlake_lineage.json``: what the model was trained on and how, and whether it is tainted.
+
+    Per source: ``documents``, the dataset version's (the dedup stage's kept count, as `tokenlake
+    datasets` shows; None when the version has no dedup report); ``documents_in_shards``, those
+    ending in its stored sequences; ``tokens``, stored; ``trained_tokens``, the input tokens of
+    the samples this checkpoint's weights were trained on (None after a resume onto other data,
+    whose earlier samples followed another mix plan)."""
+    manifest, plan, kept = dataset
     meta, config = loaded.info.meta, loaded.info.meta["config"]
-    documents: dict[str, int] = {}
+    in_shards: dict[str, int] = {}
     for shard in manifest.shards:
-        documents[shard.source] = documents.get(shard.source, 0) + shard.documents
+        in_shards[shard.source] = in_shards.get(shard.source, 0) + shard.documents
+    trained = None
+    if not meta.get("data_changes"):
+        heldout = float(config.get("data", {}).get("heldout_fraction", 0.01))
+        skipped = [(int(a), int(b)) for a, b in meta["loader"]["skipped"]]
+        trained = samples_per_source(plan, heldout, int(meta["loader"]["cursor"]), skipped) * plan.seq_len
     sources = [
         {
             "name": source,
-            "documents": documents.get(source, 0),  # documents ending in the source's stored sequences
+            "documents": kept.get(source),
+            "documents_in_shards": in_shards.get(source, 0),
             "sequences": plan.source_sequences[i],
             "tokens": plan.source_tokens[i],
+            "trained_tokens": None if trained is None else int(trained[i]),
             "weights": [round(phase.weights[i], 6) for phase in plan.phases],
             "token_budget": plan.token_budgets[i],
             "epochs": round(plan.epochs[i], 4),
@@ -265,6 +285,8 @@ def gather_lineage(
         "export": {
             "architecture": ARCHITECTURE, "parameters": loaded.model.num_params(non_embedding=False),
             "vocab_size": loaded.model.config.vocab_size, "tokenizer_vocab_size": manifest.vocab_size,
+            "n_positions": loaded.model.config.block_size, "trained_with_biases": loaded.model.config.bias,
+            "layer_norm_epsilon": layer_norm_epsilon(loaded.model), "dtype": "float32",
             "exported_at": time.time(), "exported_by": code_version(),
         },
     }  # fmt: skip
@@ -273,7 +295,8 @@ def gather_lineage(
 def write_export(
     destination: Path, loaded: LoadedCheckpoint, tokenizer: TokenizerFacts, lineage: dict[str, Any]
 ) -> tuple[str, ...]:
-    """Every file into a temporary sibling of ``destination``, flushed, then renamed into place."""
+    """Every file into a temporary sibling of ``destination``, flushed, then renamed into place;
+    whatever goes wrong, the temporary directory goes: no half-written export is left."""
     tmp = destination.parent / f".tmp-{destination.name}-{os.getpid()}"
     try:
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -287,6 +310,7 @@ def write_export(
             destination.rmdir()
         os.rename(tmp, destination)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise ValueError(f"cannot write the export to {destination}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; else what was half-written
     return (*files, LINEAGE_FILE, CARD_FILE)

@@ -65,20 +65,32 @@ def render_card(lineage: dict[str, Any], tokenizer: TokenizerFacts) -> str:
         "### Sources and mixture",
         "",
         _table(
-            ["source", "documents", "sequences", "tokens", "weight", "token budget", "epochs"],
+            [
+                "source",
+                "documents",
+                "tokens stored",
+                "tokens trained",
+                "weight",
+                "token budget",
+                "epochs planned",
+            ],
             [
                 [
                     s["name"],
-                    s["documents"],
-                    s["sequences"],
-                    s["tokens"],
+                    _count(s["documents"] if s["documents"] is not None else s["documents_in_shards"]),
+                    _count(s["tokens"]),
+                    _count(s["trained_tokens"]),
                     " / ".join(f"{w:.4f}" for w in s["weights"]),
-                    s["token_budget"],
+                    _count(s["token_budget"]),
                     s["epochs"],
                 ]
                 for s in lineage["sources"]
             ],
         ),  # fmt: skip
+        "",
+        "Documents: the version's, after dedup (else those ending in its shards); tokens trained: the "
+        "input tokens of the samples this checkpoint's weights saw"
+        + (" (not known after a resume onto other data)." if training["data_changes"] else "."),
         "",
         *_mixture_lines(lineage["mixture"]),
         "## Training",
@@ -104,6 +116,9 @@ def render_card(lineage: dict[str, Any], tokenizer: TokenizerFacts) -> str:
         "## Losses",
         "",
         *_loss_lines(lineage["metrics"]),
+        "## Architecture",
+        "",
+        *_architecture_lines(export, model, tokenizer),
         "## Use",
         "",
         "```python",
@@ -115,11 +130,10 @@ def render_card(lineage: dict[str, Any], tokenizer: TokenizerFacts) -> str:
         "print(tokenizer.decode(model.generate(ids, max_new_tokens=32)[0]))",
         "```",
         "",
-        f"The tokenizer is the dataset's own `tokenizer.json` ({tokenizer.size} tokens; the model's "
-        f"vocabulary of {export['vocab_size']} is padded to a multiple of 64). `{tokenizer.eod_token}` "
-        f"(id {tokenizer.eod_id}) ends every document in the training data; it is the BOS, EOS and "
-        "padding token here. Special-token text inside a prompt is encoded as plain text, as the "
-        "training data was.",
+        f"The tokenizer is the dataset's own `tokenizer.json` ({tokenizer.size} tokens). "
+        f"`{tokenizer.eod_token}` (id {tokenizer.eod_id}) ends every document in the training data; it "
+        "is the BOS, EOS and padding token here. Special-token text inside a prompt is encoded as "
+        "plain text, as the training data was.",
         "",
         f"Full lineage, machine-readable: `tokenlake_lineage.json`. Exported {_when(export['exported_at'])} "
         f"by {export['exported_by']}.",
@@ -171,12 +185,48 @@ def _mixture_lines(mixture: dict[str, Any]) -> list[str]:
 
 
 def _loss_lines(metrics: dict[str, Any]) -> list[str]:
-    rows = [[key, _number(value)] for key, value in sorted(metrics.items()) if key != "step"]
+    rows = []
+    if "loss" in metrics:
+        rows.append(["training loss (the last step's)", _number(metrics["loss"])])
+    if "eval_loss" in metrics:
+        rows.append(["held-out eval loss", _number(metrics["eval_loss"])])
+    for source, value in sorted((metrics.get("eval_loss_by_source") or {}).items()):
+        rows.append([f"held-out eval loss, source {source}", _number(value)])
+    named = {"loss", "eval_loss", "eval_loss_by_source", "step"}
+    rows += [[key, _number(value)] for key, value in sorted(metrics.items()) if key not in named]
     if not rows:
         return ["No loss was recorded with this checkpoint.", ""]
     at = f" (at step {metrics['step']})" if "step" in metrics else ""
-    return [f"As recorded with the checkpoint{at}: `loss` is the last training step's, `eval_loss` the "
-            "held-out evaluation's.", "", _table(["metric", "value"], rows), ""]  # fmt: skip
+    return [f"As recorded with the checkpoint{at}:", "", _table(["loss", "value"], rows), ""]
+
+
+def _architecture_lines(
+    export: dict[str, Any], model: dict[str, Any], tokenizer: TokenizerFacts
+) -> list[str]:
+    padded = export["vocab_size"] - tokenizer.size
+    biases = (
+        "trained with biases"
+        if export["trained_with_biases"]
+        else "trained without biases (`bias = false`): the file holds zero biases, which change no value"
+    )
+    return [
+        f"tokenlake's GPT maps exactly onto `{export['architecture']}`: learned positions "
+        f"({export['n_positions']}), pre-norm blocks, the exact GELU (`activation_function: gelu`), "
+        f"LayerNorm epsilon {export['layer_norm_epsilon']}, the output head tied to the token embedding; "
+        f"{biases}. The vocabulary is {export['vocab_size']} rows"
+        + (
+            f", the tokenizer's {tokenizer.size} padded to a multiple of 64 (the {padded} extra rows were "
+            "never a training target)."
+            if padded > 0
+            else ", the tokenizer's."
+        )
+        + f" Weights in {export['dtype']}; dropout {model['dropout']} in training.",
+        "",
+    ]
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else "" if value is None else str(value)
 
 
 def _number(value: Any) -> str:

@@ -10,7 +10,8 @@ The architecture is ``GPT2LMHeadModel``, because :mod:`training.model` maps onto
 * LayerNorm epsilon as the model's modules have it (PyTorch's default, 1e-5, GPT-2's too);
 * the output head tied to the token embedding (``tie_word_embeddings``: the file holds one matrix);
 * biases: GPT-2 always has them. A model trained with ``bias=False`` (tokenlake's default) gets
-  zero biases, which compute exactly what no bias does (``x + 0 == x`` in every dtype).
+  zero biases: adding zero changes no value, so the model computes what it computed without them
+  (and GPT-2, not a bias-free architecture, is what every tool that reads the format runs).
 
 GPT-2's ``Conv1D`` keeps its weight as ``(in, out)``, the transpose of ``nn.Linear``'s. The
 vocabulary is the model's, padded to a multiple of 64 (:meth:`training.config.ModelConfig.gpt_config`):
@@ -126,12 +127,17 @@ def gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in out.items()}
 
 
-def gpt2_config(model: GPT, tokenizer: TokenizerFacts) -> dict[str, Any]:
-    """``config.json`` of the GPT2LMHeadModel that computes what ``model`` does."""
-    cfg = model.config
+def layer_norm_epsilon(model: GPT) -> float:
+    """The epsilon of every LayerNorm of ``model``: GPT-2's config has one for all of them."""
     epsilons = {m.eps for m in model.modules() if isinstance(m, torch.nn.LayerNorm)}
     if len(epsilons) != 1:
         raise ExportError(f"GPT-2 has one LayerNorm epsilon; this model has {sorted(epsilons)}")
+    return epsilons.pop()
+
+
+def gpt2_config(model: GPT, tokenizer: TokenizerFacts) -> dict[str, Any]:
+    """``config.json`` of the GPT2LMHeadModel that computes what ``model`` does."""
+    cfg = model.config
     return {
         "architectures": [ARCHITECTURE],
         "model_type": MODEL_TYPE,
@@ -145,7 +151,7 @@ def gpt2_config(model: GPT, tokenizer: TokenizerFacts) -> dict[str, Any]:
         "resid_pdrop": cfg.dropout,
         "embd_pdrop": cfg.dropout,
         "attn_pdrop": cfg.dropout,
-        "layer_norm_epsilon": epsilons.pop(),
+        "layer_norm_epsilon": layer_norm_epsilon(model),
         "initializer_range": 0.02,
         "scale_attn_weights": True,
         "scale_attn_by_inverse_layer_idx": False,
@@ -182,11 +188,14 @@ def tokenizer_config(tokenizer: TokenizerFacts, block_size: int) -> dict[str, An
 
     ``split_special_tokens``: special-token text inside a document is encoded as plain text, as the
     shard stage encodes it (``encode_special_tokens``, :mod:`tasks.tokenize`), so the same text
-    gives the same ids; no BOS or EOS is added to an encoding, as none is in the shards."""
+    gives the same ids; no BOS or EOS is added to an encoding, as none is in the shards. The
+    end-of-document token also pads a batch (GPT-2 has no padding token of its own), as
+    ``generation_config.json`` says."""
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": tokenizer.eod_token,
         "eos_token": tokenizer.eod_token,
+        "pad_token": tokenizer.eod_token,
         "additional_special_tokens": list(tokenizer.special_tokens[1:]),
         "model_max_length": block_size,
         "split_special_tokens": True,
@@ -197,9 +206,11 @@ def tokenizer_config(tokenizer: TokenizerFacts, block_size: int) -> dict[str, An
 
 
 def special_tokens_map(tokenizer: TokenizerFacts) -> dict[str, Any]:
+    """``special_tokens_map.json``: transformers 4 reads it; 5 reads the same from the config."""
     return {
         "bos_token": tokenizer.eod_token,
         "eos_token": tokenizer.eod_token,
+        "pad_token": tokenizer.eod_token,
         "additional_special_tokens": list(tokenizer.special_tokens[1:]),
     }
 

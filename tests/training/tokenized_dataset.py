@@ -19,7 +19,24 @@ from versioning import DataRepo
 SEQ_LEN = 32
 EOD = "<|endoftext|>"
 SPECIALS = [EOD, "<|pad|>"]
-WORDS = ["the", "a", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "data", "model", "token", "lake", "shard", "commit", "train"]
+WORDS = [
+    "the",
+    "a",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "data",
+    "model",
+    "token",
+    "lake",
+    "shard",
+    "commit",
+    "train",
+]
 
 
 def documents(source: str, count: int, seed: int) -> list[str]:
@@ -39,8 +56,15 @@ def publish_tokenized_version(repo: DataRepo, flow_run_id: str, seed: int) -> Pu
     }
     repo.put(branch, layout.report_path("ingest"), json.dumps(report).encode())
     ingest = repo.commit(branch, "ingest", _meta("ingest", main, flow_run_id), allow_empty=True).id
+    dedup_report = {
+        "stage": "dedup",
+        "per_source": {n: {"documents_in": len(t), "kept": len(t)} for n, t in texts.items()},
+    }
+    repo.put(branch, layout.report_path("dedup"), json.dumps(dedup_report).encode())
+    dedup = repo.commit(branch, "dedup", _meta("dedup", ingest, flow_run_id), allow_empty=True).id
 
-    tokenizer = train_tokenizer([t for group in texts.values() for t in group], 320, SPECIALS)
+    # 300 tokens: the model's vocabulary is padded to 320, so the export carries rows no token has
+    tokenizer = train_tokenizer([t for group in texts.values() for t in group], 300, SPECIALS)
     tokenizer_json = tokenizer.to_str()
     encoder = BatchEncoder.load(tokenizer_json, "tiktoken")
     eod = tokenizer.token_to_id(EOD)
@@ -66,18 +90,18 @@ def publish_tokenized_version(repo: DataRepo, flow_run_id: str, seed: int) -> Pu
                                   documents=int((sequences == eod).sum())))  # fmt: skip
     manifest = Manifest.build(
         entries, seq_len=SEQ_LEN, dtype=dtype_for_vocab(vocab).name, vocab_size=vocab, eod_token=eod,
-        tokenizer_sha256=hashlib.sha256(tokenizer_json.encode()).hexdigest(), input_commit=ingest,
+        tokenizer_sha256=hashlib.sha256(tokenizer_json.encode()).hexdigest(), input_commit=dedup,
     )  # fmt: skip
     repo.put(branch, layout.TOKENIZER, tokenizer_json.encode())
     repo.put(branch, layout.MANIFEST, manifest.to_json().encode())
-    shard = repo.commit(branch, "shard", _meta("shard", ingest, flow_run_id)).id
+    shard = repo.commit(branch, "shard", _meta("shard", dedup, flow_run_id)).id
     plan = resolve_mix(
         MixSpec(max_epochs=50.0, seed=seed), manifest.sources, SEQ_LEN, total_tokens=1200 * SEQ_LEN
     )
     repo.put(branch, layout.MIX, plan.to_json().encode())
     mix = repo.commit(branch, "mix", _meta("mix", shard, flow_run_id)).id
-    chain = [ChainLink("ingest", f"ingest-{seed}", ingest), ChainLink("shard", f"shard-{seed}", shard),
-             ChainLink("mix", f"mix-{seed}", mix)]  # fmt: skip
+    chain = [ChainLink("ingest", f"ingest-{seed}", ingest), ChainLink("dedup", f"dedup-{seed}", dedup),
+             ChainLink("shard", f"shard-{seed}", shard), ChainLink("mix", f"mix-{seed}", mix)]  # fmt: skip
     version = publish(repo, mix, chain, flow_run_id, gates_hash="gates")
     repo.delete_branch(branch)
     return version
