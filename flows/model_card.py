@@ -107,7 +107,7 @@ def render_card(lineage: dict[str, Any], tokenizer: TokenizerFacts) -> str:
                 ["optimizer", json.dumps(training["optim"], sort_keys=True)],
                 ["diverging steps rolled back", len(training["stability_rollbacks"])],
                 ["resumes onto other data", len(training["data_changes"])],
-                ["flow run", ckpt["flow_run_id"]],
+                ["flow run", ckpt["flow_run_id"] or "none (the trainer ran outside the train flow)"],
                 ["code version", ckpt["code_version"]],
                 ["saved", _when(ckpt["saved_at"])],
             ],
