@@ -225,11 +225,11 @@ def gather_lineage(
     in_shards: dict[str, int] = {}
     for shard in manifest.shards:
         in_shards[shard.source] = in_shards.get(shard.source, 0) + shard.documents
-    trained = None
-    if not meta.get("data_changes"):
+    trained, loader = None, meta.get("loader")
+    if loader is not None and not meta.get("data_changes"):
         heldout = float(config.get("data", {}).get("heldout_fraction", 0.01))
-        skipped = [(int(a), int(b)) for a, b in meta["loader"]["skipped"]]
-        trained = samples_per_source(plan, heldout, int(meta["loader"]["cursor"]), skipped) * plan.seq_len
+        skipped = [(int(a), int(b)) for a, b in loader["skipped"]]
+        trained = samples_per_source(plan, heldout, int(loader["cursor"]), skipped) * plan.seq_len
     sources = [
         {
             "name": source,
