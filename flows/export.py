@@ -1,7 +1,7 @@
 """A checkpoint, named ``RUN@STEP``, as a Hugging Face transformers model directory that carries
 its lineage: ``tokenlake export``'s work, without Prefect.
 
-The conversion is :mod:`training.export_hf` (pure torch); this module finds the checkpoint
+The conversion is :mod:`training.export_hf` (no Prefect, no transformers); this module finds the checkpoint
 through its lineage record on branch ``runs``, judges it (a checkpoint whose weights saw data
 a rollback took off ``main`` is refused unless ``allow_tainted``), gathers what the model card
 says (:mod:`flows.model_card`), and writes the directory atomically: into a temporary sibling,

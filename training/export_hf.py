@@ -1,4 +1,5 @@
-"""A tokenlake checkpoint as a Hugging Face transformers model directory: pure torch, no Prefect.
+"""A tokenlake checkpoint as a Hugging Face transformers model directory: torch, safetensors and
+tokenizers, no Prefect and no transformers.
 
 The architecture is ``GPT2LMHeadModel``, because :mod:`training.model` maps onto it exactly:
 
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer
 
 from training.checkpoint import CheckpointError, CheckpointInfo, load_payload, verify_checkpoint
 from training.config import ModelConfig
@@ -165,21 +167,21 @@ def gpt2_config(model: GPT, tokenizer: TokenizerFacts) -> dict[str, Any]:
 
 
 def tokenizer_facts(tokenizer_json: str, eod_id: int) -> TokenizerFacts:
-    """The special tokens of the dataset's ``tokenizer.json`` (its ``added_tokens`` marked special)
-    and the end-of-document token, the id the manifest names."""
+    """The special tokens of the dataset's ``tokenizer.json`` (its added tokens marked special)
+    and the end-of-document token, the id the manifest names. Read by ``tokenizers`` itself, so
+    any model of it (BPE, Unigram, WordPiece) has its size counted the same way."""
     try:
-        spec = json.loads(tokenizer_json)
-        added = spec.get("added_tokens") or []
-        vocab = spec["model"]["vocab"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ExportError(f"the dataset's tokenizer.json is not a tokenizers file ({exc})") from None
-    by_id = {int(t["id"]): str(t["content"]) for t in added}
+        tokenizer = Tokenizer.from_str(tokenizer_json)
+    except Exception as exc:  # the Rust side raises a bare Exception for a malformed file
+        raise ExportError(f"the dataset's tokenizer.json does not load in tokenizers ({exc})") from None
+    added = sorted(tokenizer.get_added_tokens_decoder().items())
+    by_id = {token_id: token.content for token_id, token in added}
     if eod_id not in by_id:
         raise ExportError(
             f"the manifest's end-of-document id {eod_id} is not a special token of the tokenizer"
         )
-    specials = [by_id[eod_id], *(str(t["content"]) for t in added if t.get("special") and t["id"] != eod_id)]
-    size = max([*vocab.values(), *by_id]) + 1 if vocab or by_id else 0
+    specials = [by_id[eod_id], *(t.content for i, t in added if t.special and i != eod_id)]
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
     return TokenizerFacts(tokenizer_json, by_id[eod_id], eod_id, tuple(specials), size)
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,6 +23,7 @@ from flows.export import export_checkpoint  # noqa: E402
 from flows.lineage import read_lineage  # noqa: E402
 from flows.restore import plan_rollback, restore_main  # noqa: E402
 from flows.taint import find_tainted, mark_tainted, rollback_record  # noqa: E402
+from formats.mix import MixPlan  # noqa: E402
 from tasks.tokenize import BatchEncoder, train_tokenizer  # noqa: E402
 from tests.training.helpers import Dataset, device_for_ranks, torchrun  # noqa: E402
 from tests.training.helpers import make_config as make_job_config  # noqa: E402
@@ -28,6 +31,7 @@ from tests.training.tokenized_dataset import EOD, SPECIALS, documents, publish_t
 from training.config import CheckpointConfig, DataConfig, ModelConfig, TrainConfig  # noqa: E402
 from training.export_hf import tokenizer_facts, write_model_files  # noqa: E402
 from training.model import GPT, GPTConfig  # noqa: E402
+from training.samples import batch_positions, samples_per_source, train_sequence_counts  # noqa: E402
 from training.trainer import train  # noqa: E402
 from versioning.local import LocalRepo  # noqa: E402
 
@@ -120,6 +124,21 @@ def test_the_model_maps_onto_gpt2_exactly_with_biases_or_without(tmp_path, bias)
     hf_config = json.loads((tmp_path / "config.json").read_text())
     assert hf_config["layer_norm_epsilon"] == model.ln_f.eps and hf_config["tie_word_embeddings"] is True
     assert hf_config["activation_function"] == "gelu" and hf_config["n_inner"] == 4 * 32
+
+
+def test_trained_samples_per_source_are_what_the_loader_gave(dataset):
+    ds, _ = dataset
+    plan = MixPlan.from_json(LocalRepo(ds.repo).get(ds.commit, "mix.json"))
+    space = SimpleNamespace(plan=plan, train_sequences=train_sequence_counts(plan, 0.05))
+    skipped = [(40, 56), (130, 131)]  # windows a stability rollback skipped: never trained on
+    cursor, read = 0, []
+    for _ in range(30):
+        positions, cursor = batch_positions(space, cursor, 8, skipped)
+        read.append(positions)
+    sources = plan.locate(np.concatenate(read))[0]
+    expected = np.bincount(sources, minlength=len(plan.source_names))
+    assert expected.sum() == 30 * 8 and cursor > 30 * 8  # held-out and skipped positions were passed over
+    assert samples_per_source(plan, 0.05, cursor, skipped, chunk=37).tolist() == expected.tolist()
 
 
 def test_an_in_process_run_exports_and_transformers_computes_what_tokenlake_does(dataset, tmp_path):
