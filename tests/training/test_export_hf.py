@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"  # and local_files_only=True on every load: nothing is ever fetched
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 from flows.cli import main as tokenlake  # noqa: E402
@@ -85,12 +85,14 @@ def greedy(model: GPT, ids: list[int], new: int, eod: int) -> list[int]:
 def check_round_trip(directory, tokenizer_json: str, model: GPT) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf, loading = AutoModelForCausalLM.from_pretrained(directory, output_loading_info=True)
+    hf, loading = AutoModelForCausalLM.from_pretrained(
+        directory, output_loading_info=True, local_files_only=True
+    )
     hf.eval()
     assert type(hf).__name__ == "GPT2LMHeadModel" and hf.dtype == torch.float32
     assert not any(loading.values()), loading  # every weight of GPT-2 is in the file, nothing else is
     assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()  # tied, as tokenlake's
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     ours = BatchEncoder.load(tokenizer_json, "tiktoken").encode(TEXTS)
     start = 0
     for text, length in zip(TEXTS, ours.lengths, strict=True):
