@@ -9,8 +9,6 @@ from typing import Any
 
 from training.export_hf import TokenizerFacts
 
-SHORT = 12
-
 
 def render_card(lineage: dict[str, Any], tokenizer: TokenizerFacts) -> str:
     ckpt, data, training, taint = (
