@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "flows.commands.repo",
     "flows.commands.shards",
     "flows.commands.lineage",
+    "flows.commands.export",
     "flows.commands.deploy",
 ]
 SERVICE_COMMANDS = {"serve"}  # long-running: their console is a service log, at INFO

@@ -390,7 +390,7 @@ def list_versions(repo: DataRepo) -> list[DatasetVersion]:
                 commit_id=commit_id,
                 created=datetime.fromtimestamp(commit.created, UTC).isoformat(timespec="seconds"),
                 flow_run_id=commit.metadata.get("flow_run_id", ""),
-                documents=_documents_per_source(repo, commit_id),
+                documents=documents_per_source(repo, commit_id),
                 tokens=_tokens_per_source(repo, commit_id),
                 documents_in_shards=_documents_in_shards(repo, commit_id),
             )
@@ -420,7 +420,7 @@ def _documents_in_shards(repo: DataRepo, ref: str) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _documents_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
+def documents_per_source(repo: DataRepo, ref: str) -> dict[str, int]:
     """Documents that reached the shards: the dedup stage's kept count per source."""
     try:
         report = json.loads(repo.get(ref, layout.report_path("dedup")))

@@ -29,7 +29,7 @@ BIN = Path(sys.executable).parent
 HELP_ONLY = {
     ("./dev", "run"), ("./dev", "test"), ("./dev", "services"), ("./dev", "lakefs"), ("./dev", "stack"),
     ("tokenlake", "run"), ("tokenlake", "curate"), ("tokenlake", "train"), ("tokenlake", "serve"),
-    ("tokenlake", "rollback"), ("tokenlake", "lineage"), ("tokenlake", "shards"),
+    ("tokenlake", "rollback"), ("tokenlake", "lineage"), ("tokenlake", "shards"), ("tokenlake", "export"),
     ("prefect", "server"),
 }  # fmt: skip
 

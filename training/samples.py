@@ -222,6 +222,24 @@ def batch_positions(
     return np.concatenate(taken), scan
 
 
+def samples_per_source(
+    plan: MixPlan, heldout_fraction: float, cursor: int, skipped: list[tuple[int, int]], chunk: int = 1 << 20
+) -> np.ndarray:
+    """Per source of ``plan``, the training samples at positions before ``cursor``: what
+    :func:`batch_positions` gave a run whose loader stands at ``cursor`` with windows ``skipped``
+    (held-out sequences and skipped windows are not trained on). Counted ``chunk`` positions at a time."""
+    train_sequences = train_sequence_counts(plan, heldout_fraction)
+    counts = np.zeros(len(plan.source_names), np.int64)
+    for start in range(0, min(cursor, plan.total_samples), chunk):
+        window = np.arange(start, min(start + chunk, cursor, plan.total_samples), dtype=np.int64)
+        source, _, index = plan.locate(window)
+        keep = index < train_sequences[source]
+        for low, high in skipped:
+            keep &= (window < low) | (window >= high)
+        counts += np.bincount(source[keep], minlength=len(counts))
+    return counts
+
+
 def rank_slice(positions: np.ndarray, rank: int, world_size: int, micro_batch: int) -> np.ndarray:
     """Rank ``rank``'s samples of a global batch: chunks ``a*world + rank``, in micro-step order."""
     accumulation = len(positions) // (micro_batch * world_size)
