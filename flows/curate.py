@@ -117,7 +117,10 @@ def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
             run.repo_spec, run.branch, mixed.commit_id, run.links, run.flow_run_id, params, run.results
         )
     except Exception as exc:
-        explain_failure(exc, params, run)
+        try:
+            explain_failure(exc, params, run)
+        except Exception:  # saying why must never replace the reason the run fails with
+            get_run_logger().exception("curate: the failure below could not be explained")
         raise  # the run is Failed; Prefect logs a refusal without its traceback (flows.refusals)
     print(report_run(params, run.repo_spec, run.branch, run.done, version))
     return version

@@ -81,7 +81,7 @@ def repository_state(spec: str, main_before: str | None, branch: str | None) -> 
     """What became of main and the run branch, as checked in the repository now."""
     from flows import publish_guard
     from formats.layout import MAIN
-    from versioning import TransientError, open_repo
+    from versioning import RepoError, open_repo
 
     try:
         now = main_head(spec)
@@ -103,15 +103,15 @@ def repository_state(spec: str, main_before: str | None, branch: str | None) -> 
         if now is not None and branch in open_repo(spec, create=False).list_branches():
             return f"{said}; the run branch {branch} is still there (`tokenlake janitor` removes it once its run is over)."
         return f"{said} and the run branch {branch} was removed."
-    except TransientError as exc:
+    except RepoError as exc:  # unreachable, or refusing these credentials now
         return unchecked_state(exc)
 
 
 def unchecked_state(exc: BaseException) -> str:
-    """What can be said of main and the run branch while the repository does not answer."""
+    """What can be said of main and the run branch while the repository cannot be asked."""
     return (
-        f"main and the run branch were not checked: the repository did not answer ({exc}); a failed run "
-        "never moves main, and its branch is removed once the repository answers (or by `tokenlake janitor`)."
+        f"main and the run branch could not be checked ({exc}); a failed run never moves main, and its "
+        "branch is removed once the repository answers again (or by `tokenlake janitor`)."
     )
 
 

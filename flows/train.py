@@ -1,10 +1,11 @@
 """The train flow: pin the dataset to a commit, run ``torchrun``, publish what the run produced.
 
-    resolve the dataset ref -> an immutable commit id
+    resolve the dataset ref -> an immutable commit id (a ref the repository lacks is refused)
     check the data            refused when a rollback of main reverted that commit, unless
                               allow_reverted (training.reverted; the trainer checks again)
     torchrun -m training     (a task with retries: a crash fails the attempt, the retry
-                              resumes from the newest valid checkpoint)
+                              resumes from the newest valid checkpoint; a refusal of the
+                              trainer is not retried, it would refuse again)
     artifacts                 progress, metrics table, loss/throughput plot, checkpoints
 
 One node runs ``torchrun --standalone``; with ``nnodes`` > 1 this flow's node hosts the c10d
