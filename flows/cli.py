@@ -89,10 +89,13 @@ def explain(exc: BaseException) -> tuple[int, str]:
     from pydantic import ValidationError
 
     from flows.commands.values import one_sentence
+    from flows.refusals import is_refusal
     from versioning import RepoError
 
     if isinstance(exc, CommandFailed):
         return exc.exit_code, str(exc)
+    if is_refusal(exc):  # a run refused on purpose: its message says what to change
+        return 2, str(exc)
     if isinstance(exc, ValidationError):
         return 2, one_sentence(exc)
     if isinstance(exc, RepoError | ValueError | FileNotFoundError):

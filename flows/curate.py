@@ -5,11 +5,16 @@ is one task that reads its input at the previous stage's commit id and ends in a
 whose metadata carries stage, stage-config hash, input commit, flow-run id and counts.
 When every gate holds, the run is merged into ``main`` and tagged (:mod:`flows.wap`).
 
-Failure never touches ``main``. The flow's ``on_failure`` and ``on_crashed`` hooks (Prefect's
-state-change hooks) delete the run branch when the run as a whole fails; a task attempt that
-fails and is retried is not a flow failure, so it never does. The janitor
-(:mod:`flows.janitor`) removes the branch of a process that was killed outright. Finished
-stages are reused exactly (:mod:`flows.stage_runner`).
+Failure never touches ``main``. A run that fails says why in its log, at ERROR, in the
+paragraph ``tokenlake curate`` prints (:mod:`flows.failed_run`: the gate, its failing
+expectations or rule, what became of ``main`` and the run branch, what to change), and in a
+``curate-summary`` artifact of state Failed; a refusal's traceback is not logged
+(:mod:`flows.refusals`). It deletes its run branch before saying so; the flow's ``on_failure``
+and ``on_crashed`` hooks (Prefect's state-change hooks) delete it when the run as a whole fails
+otherwise (a crash, a repository that stopped answering); a task attempt that fails and is
+retried is not a flow failure, so it never does. The janitor (:mod:`flows.janitor`) removes
+the branch of a process that was killed outright. Finished stages are reused exactly
+(:mod:`flows.stage_runner`).
 
 The run shows seven task runs: ``open-run-branch``, the five stages, ``publish``; the
 bookkeeping between them is the flow's own code.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -28,14 +34,17 @@ from prefect.logging.loggers import flow_run_logger
 from pydantic import ValidationError
 
 from flows.artifacts import StageRun, SummaryLinks, stages_table, summary
+from flows.failed_run import failed_summary, failure_report, repository_state, unchecked_state
 from flows.funnel import draw_funnel, funnel_of, funnel_path, image_url
 from flows.notices import notice
 from flows.params import CurateParams, GateConfig, check_ready
+from flows.refusals import PublishRefused
 from flows.runners import partitions_on
 from flows.stage_runner import RunStart, StageRunner, published_version_at
 from flows.wap import ChainLink, PublishedVersion, open_run_branch, publish, run_branch
 from formats import layout
 from tasks.dedup.task import dedup_task
+from tasks.gates import ExpectationsFailed
 from tasks.ingest.task import ingest_task
 from tasks.mix.task import mix_task
 from tasks.shard.task import shard_task
@@ -51,17 +60,6 @@ from versioning import (
     open_repo,
     validate_path,
 )
-
-
-class PublishRefused(RuntimeError):
-    """A publish gate of the run (``[gates]``) did not hold; the message lists every one.
-
-    (A stage's own Great Expectations suites failing is :class:`tasks.gates.ExpectationsFailed`.)
-    """
-
-    def __init__(self, failures: list[str]):
-        super().__init__("not published: " + "; ".join(failures))
-        self.failures = failures
 
 
 def discard_run_branch(flow: Any, flow_run: Any, state: Any) -> None:
@@ -106,19 +104,69 @@ def _warn_branch_left(branch: str, exc: Exception, logger: Any) -> None:
 def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
     """Curate the configured sources into a new dataset version on ``main``."""
     run = StageRunner.start(params)
-    run.begin(open_run(params, run.repo_spec, run.branch))  # main stays untouched until publish
-    runner = params.runner
-    with partitions_on(runner.spec, runner.workers, runner.memory_limit, runner.dashboard):
-        ingested = run.run("ingest", ingest_task, params.ingest, input_commit=run.head)
-        validated = run.run("validate", validate_task, params.validation, ingested.commit_id)
-        deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)
-        sharded = run.run("shard", shard_task, params.shards, deduped.commit_id)
-        mixed = run.run("mix", mix_task, params.mix, sharded.commit_id)
-    version = publish_task(
-        run.repo_spec, run.branch, mixed.commit_id, run.links, run.flow_run_id, params, run.results
-    )
+    try:
+        run.begin(open_run(params, run.repo_spec, run.branch))  # main stays untouched until publish
+        runner = params.runner
+        with partitions_on(runner.spec, runner.workers, runner.memory_limit, runner.dashboard):
+            ingested = run.run("ingest", ingest_task, params.ingest, input_commit=run.head)
+            validated = run.run("validate", validate_task, params.validation, ingested.commit_id)
+            deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)
+            sharded = run.run("shard", shard_task, params.shards, deduped.commit_id)
+            mixed = run.run("mix", mix_task, params.mix, sharded.commit_id)
+        version = publish_task(
+            run.repo_spec, run.branch, mixed.commit_id, run.links, run.flow_run_id, params, run.results
+        )
+    except Exception as exc:
+        try:
+            explain_failure(exc, params, run)
+        except Exception:  # saying why must never replace the reason the run fails with
+            get_run_logger().exception("curate: the failure below could not be explained")
+        raise  # the run is Failed; Prefect logs a refusal without its traceback (flows.refusals)
     print(report_run(params, run.repo_spec, run.branch, run.done, version))
     return version
+
+
+def explain_failure(exc: Exception, params: CurateParams, run: StageRunner) -> None:
+    """Say why the run failed (:mod:`flows.failed_run`): one ERROR record in the run's log and
+    the run's ``curate-summary`` artifact (state Failed, the reason, the Data Docs to read).
+
+    The run branch goes first, so that the paragraph says what became of it (the ``on_failure``
+    hook then finds it gone). When the repository is what failed, nothing more is asked of it
+    here: the hook deletes the branch, retrying, and says so if it cannot."""
+    began = run.progress is not None  # the run branch was opened
+    branch = run.branch if began else None
+    docs: dict[str, str] = {}
+    if isinstance(exc, TransientError):
+        repository = unchecked_state(exc)
+    else:
+        docs = failure_docs(exc, params, run)
+        if branch:
+            delete_run_branch(run.repo_spec, branch)
+        repository = (
+            repository_state(run.repo_spec, run.head, branch)
+            if began
+            else "main is unchanged: the run stopped before it opened its run branch."
+        )
+    report = failure_report(exc, repository, in_run=True)
+    get_run_logger().error(report)
+    finished = [f"{done.result.stage} ({'reused' if done.reused else 'ran'})" for done in run.done]
+    failed_summary(report, branch, docs, finished)
+
+
+def failure_docs(exc: Exception, params: CurateParams, run: StageRunner) -> dict[str, str]:
+    """The Data Docs a failed run points to: the failing gate's (kept on this machine when its
+    run branch goes, :func:`tasks.gates.gate_stage`), else each finished stage's, at the run's
+    last stage commit (copied to the data home, as for a published version)."""
+    if isinstance(exc, ExpectationsFailed):
+        return {exc.stage: Path(exc.data_docs).as_uri()} if exc.data_docs else {}
+    if not run.done:
+        return {}
+    try:
+        return summary_links(
+            run.repo_spec, run.done[-1].result.commit_id, params.repository.lakefs_ui
+        ).data_docs
+    except RepoError:
+        return {}
 
 
 @task(name="open-run-branch", cache_policy=NO_CACHE, **IO_RETRIES)

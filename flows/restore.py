@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from flows.refusals import Refusal
 from flows.wap import PublishBusy, publish_in_progress, publish_lock
 from formats.layout import MAIN, RESTORE_STAGE, REVERT_STAGE, ROLLBACK_STAGE, ROLLBACK_TAG_PREFIX
 from formats.rollbacks import HARD_RESET
@@ -18,6 +19,7 @@ from tasks.stage import tokenlake_version
 from versioning import Conflict, DataRepo, MergeConflict, NoChanges, NotFound, RepoError
 
 
+@Refusal.register
 class RollbackRefused(ValueError):
     """A rollback that must not run; the message says why and what to do instead."""
 

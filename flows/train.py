@@ -1,10 +1,11 @@
 """The train flow: pin the dataset to a commit, run ``torchrun``, publish what the run produced.
 
-    resolve the dataset ref -> an immutable commit id
+    resolve the dataset ref -> an immutable commit id (a ref the repository lacks is refused)
     check the data            refused when a rollback of main reverted that commit, unless
                               allow_reverted (training.reverted; the trainer checks again)
     torchrun -m training     (a task with retries: a crash fails the attempt, the retry
-                              resumes from the newest valid checkpoint)
+                              resumes from the newest valid checkpoint; a refusal of the
+                              trainer is not retried, it would refuse again)
     artifacts                 progress, metrics table, loss/throughput plot, checkpoints
 
 One node runs ``torchrun --standalone``; with ``nnodes`` > 1 this flow's node hosts the c10d
@@ -36,11 +37,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.commands.refs import resolve_ref
 from flows.defaults import DEFAULT_STEPS
+from flows.refusals import Refusal, retry_unless_refused
 from formats.layout import MAIN
-from tasks.stage_task import IO_RETRIES
+from tasks.stage_task import IO_RETRIES, retry_transient
 from training.checkpoint import list_checkpoints, newest_valid
 from training.config import ModelConfig, PresetName, ResumePolicy, TrainConfig
+from training.errors import REFUSED_EXIT
 from training.launch import LaunchConfig, torchrun_command, write_launch_file
 from training.metrics import last_per_step, read_metrics, summarize, summary_table
 from training.reverted import check_training_data
@@ -48,6 +52,7 @@ from training.tensorboard_log import require_tensorboard
 from versioning import open_repo
 
 _STEP_LINE = re.compile(r"^step (\d+)/(\d+) ")
+_REFUSAL_LINE = re.compile(r"training: error: (.+)$")  # the trainer's sentence, before it exits REFUSED_EXIT
 _INLINE_IMAGE_LIMIT = 512 << 10  # larger plots are linked as files, not inlined
 
 
@@ -172,9 +177,13 @@ class TrainSummary(BaseModel):
     metrics: dict[str, Any]
 
 
-@task(name="resolve-dataset", retries=3, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@task(
+    name="resolve-dataset", retries=3, retry_delay_seconds=2, retry_condition_fn=retry_transient,
+    cache_policy=NO_CACHE,
+)  # fmt: skip
 def resolve_dataset(repo_spec: str | None, ref: str) -> str:
-    commit = open_repo(repo_spec, create=False).resolve(ref)
+    """The ref's commit id; a ref the repository does not hold is a refusal naming the refs it does."""
+    commit = resolve_ref(repo_spec, ref, "dataset")
     get_run_logger().info("dataset %s is commit %s", ref, commit)
     return commit
 
@@ -191,10 +200,18 @@ class TrainingFailed(RuntimeError):
     """torchrun exited with an error; a retry resumes from the newest valid checkpoint."""
 
 
-@task(name="torchrun", cache_policy=NO_CACHE)
+@Refusal.register
+class TrainingRefused(TrainingFailed):
+    """The trainer stopped with its sentence (``training: error: ...``, a ``TrainingError``: a
+    resume the data change forbids, reverted data, a run another trainer holds): not retried,
+    since it would refuse again."""
+
+
+@task(name="torchrun", cache_policy=NO_CACHE, retry_condition_fn=retry_unless_refused)
 def run_torchrun(config: TrainConfig, launch: LaunchConfig) -> int:
     """Launch the trainer under torchrun (this node's part of the job) and stream its output; a
-    retry of this task resumes. Past one node, the launch file tells the other nodes to follow."""
+    retry of this task resumes (after a crash; a refusal is not retried). Past one node, the
+    launch file tells the other nodes to follow."""
     logger = get_run_logger()
     attempt = task_run.run_count
     if attempt > 1 and config.resume == "never":  # "never" refuses earlier runs, not this run's own retry
@@ -209,6 +226,7 @@ def run_torchrun(config: TrainConfig, launch: LaunchConfig) -> int:
     logger.info("attempt %d: %s", attempt, " ".join(command))
     progress = create_progress_artifact(0.0, key=_key("train-progress", config.run), description=config.run)
     env = {**os.environ, **launch.environment(), "PYTHONUNBUFFERED": "1"}
+    refusal = None
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
     ) as proc:
@@ -220,6 +238,10 @@ def run_torchrun(config: TrainConfig, launch: LaunchConfig) -> int:
                 update_progress_artifact(progress, 100.0 * done / total, description=f"step {done}/{total}")
             elif line:
                 logger.info(line)
+                if refusal is None and (said := _REFUSAL_LINE.search(line)):
+                    refusal = said.group(1)
+    if proc.returncode == REFUSED_EXIT and refusal is not None:
+        raise TrainingRefused(f"the trainer refused the run: {refusal}")
     if proc.returncode != 0:
         raise TrainingFailed(
             f"torchrun exited with status {proc.returncode} (attempt {attempt}); a retry resumes from the "

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 
 from flows import publish_guard
 from flows.notices import notice
+from flows.refusals import Refusal
 from formats import layout
 from formats.layout import DATASET_TAG_PREFIX as TAG_PREFIX
 from formats.layout import MAIN, PUBLISH_LOCK_BRANCH, PUBLISH_STAGE, RUN_BRANCH_PREFIX
@@ -42,10 +43,12 @@ from versioning.liveness import process_alive
 LOCK_CANDIDATE_SUFFIX = "-lock"
 
 
+@Refusal.register
 class PublishBusy(RuntimeError):
     """Another publish holds the lock."""
 
 
+@Refusal.register
 class MainMoved(RuntimeError):
     """``main`` moved (another publish, a rollback) after the run branched from it."""
 

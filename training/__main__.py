@@ -68,14 +68,14 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
-    from training.errors import TrainingError
+    from training.errors import REFUSED_EXIT, TrainingError
     from training.trainer import train
 
     try:
         train(config)
     except TrainingError as exc:  # a clear sentence, not a traceback from every rank
         print(f"training: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return REFUSED_EXIT
     return 0
 
 

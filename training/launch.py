@@ -111,9 +111,10 @@ class LaunchConfig(BaseModel):
 
 
 def torchrun_command(launch: LaunchConfig, config_path: Path) -> list[str]:
-    """``python -m torch.distributed.run <flags> -m training --config <config_path>``."""
+    """``python -m training.torchrun <flags> -m training --config <config_path>``: torchrun, which
+    ends a job the workers refused with their sentence rather than its traceback (:mod:`training.torchrun`)."""
     return [
-        sys.executable, "-m", "torch.distributed.run", *launch.torchrun_args(),
+        sys.executable, "-m", "training.torchrun", *launch.torchrun_args(),
         "-m", "training", "--config", str(config_path),
     ]  # fmt: skip
 

@@ -119,10 +119,11 @@ def run_with_progress(params: Any, flow: Any, as_json: bool) -> tuple[Any, list[
 
     What can be checked without Prefect is checked first (a misconfiguration or a ref that
     does not exist is one sentence, and no run). A run that fails ends in
-    :class:`flows.cli.CommandFailed`: what failed, and what became of main and the run branch.
+    :class:`flows.cli.CommandFailed`: the paragraph the run also logs (:mod:`flows.failed_run`).
     """
     from flows.artifacts import stage_row
     from flows.commands.refs import resolve_ref
+    from flows.failed_run import failure_report, main_head, repository_state
     from flows.params import check_ready
     from versioning import default_repo_spec
 
@@ -140,74 +141,8 @@ def run_with_progress(params: Any, flow: Any, as_json: bool) -> tuple[Any, list[
         from flows.cli import CommandFailed
 
         branch = next((e.branch for e in events if e.branch), None)
-        raise CommandFailed(failure_report(exc, spec, main_before, branch)) from exc
+        raise CommandFailed(failure_report(exc, repository_state(spec, main_before, branch))) from exc
     return result, [stage_row(e.run) for e in events if e.run is not None]
-
-
-def main_head(spec: str) -> str | None:
-    """main's commit id, or None where the repository (or main) does not exist yet."""
-    from formats.layout import MAIN
-    from versioning import NotFound, open_repo
-
-    try:
-        return open_repo(spec, create=False).resolve(MAIN)
-    except NotFound:
-        return None
-
-
-def failure_report(exc: BaseException, spec: str, main_before: str | None, branch: str | None) -> str:
-    """One paragraph on a failed curate run: which gate failed and its failing expectations (or
-    the error), where the Data Docs are, and what became of main and the run branch."""
-    from flows.curate import PublishRefused
-    from flows.wap import MainMoved
-    from tasks.gates import ExpectationsFailed
-
-    if isinstance(exc, ExpectationsFailed):
-        lines = [f"the {exc.stage} stage's gate {exc.summary}:"]
-        lines += [f"  - {failure}" for failure in exc.failures]
-        if exc.data_docs:
-            lines.append(f"Data Docs: {Path(exc.data_docs).as_uri()}")
-    elif isinstance(exc, PublishRefused):
-        lines = ["the publish gates ([gates] of the config) refused the run:"]
-        lines += [f"  - {failure}" for failure in exc.failures]
-    elif isinstance(exc, MainMoved):
-        lines = [f"not published: {exc}."]
-    elif (train := sys.modules.get("flows.train")) and isinstance(exc, train.TrainingFailed):
-        # the pipeline published, then training failed
-        return f"training failed: {exc}; the dataset version stays published (`tokenlake datasets`)"
-    else:
-        from flows.cli import explain
-
-        lines = [f"the run failed: {explain(exc)[1]}"]
-    lines.append(repository_state(spec, main_before, branch))
-    return "\n".join(lines)
-
-
-def repository_state(spec: str, main_before: str | None, branch: str | None) -> str:
-    """What became of main and the run branch, as checked in the repository now."""
-    from flows import publish_guard
-    from formats.layout import MAIN
-    from versioning import open_repo
-
-    now = main_head(spec)
-    if now == main_before:
-        where = f"still {now[:12]}" if now else "no dataset version yet"
-        said = f"main is unchanged ({where})"
-    else:
-        added = []
-        for commit in open_repo(spec, create=False).log(MAIN, limit=20):
-            if commit.id == main_before:
-                break
-            added.append(commit)
-        if all(c.metadata.get("stage") == publish_guard.INSTALL_STAGE for c in added):
-            said = "main is unchanged but for the publish guard this run installed on it (no dataset version)"
-        else:
-            said = f"main moved from {(main_before or 'nothing')[:12]} to {(now or 'nothing')[:12]} (another run published?)"
-    if branch is None:
-        return said + "."
-    if now is not None and branch in open_repo(spec, create=False).list_branches():
-        return f"{said}; the run branch {branch} is still there (`tokenlake janitor` removes it once its run is over)."
-    return f"{said} and the run branch {branch} was removed."
 
 
 def print_version(

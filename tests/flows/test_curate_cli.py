@@ -119,12 +119,13 @@ def test_a_failing_gate_is_one_paragraph_naming_gate_expectations_data_docs_and_
         line.removeprefix("Data Docs: ") for line in err.splitlines() if line.startswith("Data Docs: ")
     )
     assert docs.startswith("file://") and os.path.isfile(docs.removeprefix("file://"))
-    last = err.strip().splitlines()[-1]
+    *_, state, change = err.strip().splitlines()
     assert (
-        last.startswith("main is unchanged")
-        and "the run branch curate-" in last
-        and last.endswith("was removed.")
+        state.startswith("main is unchanged")
+        and "the run branch curate-" in state
+        and state.endswith("was removed.")
     )
+    assert change.startswith("To publish: ") and "[validation] settings" in change, "what to change"
     assert set(LocalRepo(tmp_path / "repo").list_branches()) == {"main"}
 
 
@@ -176,7 +177,7 @@ def test_a_dataset_ref_that_does_not_exist_fails_before_prefect_starts(tmp_path)
 
 
 def test_a_run_refused_because_main_moved_says_what_moved_it_not_unexpected(tmp_path):
-    from flows.commands.curate import failure_report
+    from flows.failed_run import failure_report, repository_state
     from flows.wap import MainMoved
 
     repo = LocalRepo(tmp_path / "repo")
@@ -188,7 +189,7 @@ def test_a_run_refused_because_main_moved_says_what_moved_it_not_unexpected(tmp_
         "main moved while this run was curating: flow run r2 published ds-20260101-1 (commit 0123456789ab); "
         "nothing was merged, run curate again to build on it"
     )
-    lines = failure_report(refusal, str(repo.root), before, "curate-r1").splitlines()
+    lines = failure_report(refusal, repository_state(str(repo.root), before, "curate-r1")).splitlines()
     assert lines[0] == f"not published: {refusal}."
     assert lines[-1] == (
         f"main moved from {before[:12]} to {moved[:12]} (another run published?) and the run branch curate-r1 was removed."
