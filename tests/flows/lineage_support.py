@@ -24,6 +24,14 @@ from versioning.local import LocalRepo
 GOOD_SOURCES = {"web": 240, "code": 160}
 BAD_SOURCES = {"web": 240, "code": 160, "spam": 200}
 
+# the train flow's overrides for a tiny run that checkpoints every 2 steps
+TINY_RUN = {
+    "global_batch": 8, "micro_batch": 4, "eval_every": 0,
+    "data": {"heldout_fraction": 0.05, "eval_sequences": 8, "prefetch_batches": 2},
+    "checkpoint": {"every": 2, "keep_last": 10, "async_save": False},
+    "stability": {"window": 8, "min_history": 4},
+}  # fmt: skip
+
 
 def publish_version(
     repo: DataRepo, flow_run_id: str, sources: dict[str, int], seed: int, source_configs: bool = False

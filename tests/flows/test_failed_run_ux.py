@@ -28,17 +28,17 @@ from flows.restore import plan_rollback, restore_main
 from flows.rollback import RollbackParams, rollback
 from flows.train import TrainParams, train_flow
 from tests.flows.curate_support import params_for, write_corpus
-from tests.flows.lineage_support import BACKENDS, BAD_SOURCES, GOOD_SOURCES, publish_version, train_tiny
+from tests.flows.lineage_support import (
+    BACKENDS,
+    BAD_SOURCES,
+    GOOD_SOURCES,
+    TINY_RUN,
+    publish_version,
+    train_tiny,
+)
 from versioning.local import LocalRepo
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-TINY_RUN = {
-    "global_batch": 8, "micro_batch": 4, "eval_every": 0,
-    "data": {"heldout_fraction": 0.05, "eval_sequences": 8, "prefetch_batches": 2},
-    "checkpoint": {"every": 2, "keep_last": 10, "async_save": False},
-    "stability": {"window": 8, "min_history": 4},
-}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

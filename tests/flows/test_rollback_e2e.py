@@ -34,6 +34,7 @@ from tests.flows.lineage_support import (
     BACKENDS,
     BAD_SOURCES,
     GOOD_SOURCES,
+    TINY_RUN,
     publish_version,
     train_config,
     train_tiny,
@@ -43,13 +44,6 @@ from training.config import FaultConfig
 from training.lineage import LineageWriter
 from training.reverted import RevertedDataRefused
 from versioning import open_repo
-
-TINY_RUN = {
-    "global_batch": 8, "micro_batch": 4, "eval_every": 0,
-    "data": {"heldout_fraction": 0.05, "eval_sequences": 8, "prefetch_batches": 2},
-    "checkpoint": {"every": 2, "keep_last": 10, "async_save": False},
-    "stability": {"window": 8, "min_history": 4},
-}  # fmt: skip
 
 TINY_RUN_FLAGS = [
     f"--set={key}={value}" for key, value in {
