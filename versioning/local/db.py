@@ -69,7 +69,9 @@ class Database:
         if conn is not None and self._local.pid == os.getpid():
             return conn
         if not self.exists():
-            raise NotFound(f"no repository at {self.path.parent}: create it with ensure() first")
+            raise NotFound(
+                f"no repository at {self.path.parent}: check the path (a curate run creates the repository)"
+            )
         conn = self._open(create=False)
         self._local.conn, self._local.pid = conn, os.getpid()
         return conn
