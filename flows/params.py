@@ -28,6 +28,7 @@ from flows.commands.values import one_sentence
 from formats.mix import MixSpec
 from tasks.dedup.config import DedupConfig
 from tasks.ingest.config import IngestConfig
+from tasks.safety.config import SafetyConfig
 from tasks.shard.config import ShardConfig
 from tasks.validate.config import ValidateConfig
 from versioning.port import validate_repo_name
@@ -171,6 +172,10 @@ class CurateParams(BaseModel):
         description="the validate stage: quality rules, language id, classifier, gate",
     )
     dedup: DedupConfig = Field(default_factory=DedupConfig, description="exact and near-duplicate removal")
+    safety: SafetyConfig = Field(
+        default_factory=SafetyConfig,
+        description="the safety stage: benchmark decontamination, PII and secrets, URL blocklists",
+    )
     shards: ShardConfig = Field(default_factory=ShardConfig, description="tokenizer and packing")
     mix: MixSpec = Field(default_factory=MixSpec, description="the mixture plan")
     gates: GateConfig = Field(default_factory=GateConfig, description="what must hold before publishing")
@@ -200,9 +205,10 @@ class CurateParams(BaseModel):
 
 
 def check_ready(params: CurateParams, repo_spec: str) -> None:
-    """What can fail before any work, failing fast with one sentence: the sources, the mix's
-    source names, the repository."""
+    """What can fail before any work, failing fast with one sentence: the sources, the
+    benchmark and blocklist files, the mix's source names, the repository."""
     from tasks.ingest import check_source
+    from tasks.safety import check_files
     from tasks.stage import ConfigError
     from versioning import open_repo
 
@@ -210,6 +216,7 @@ def check_ready(params: CurateParams, repo_spec: str) -> None:
         raise ConfigError("no sources to curate: add at least one [[ingest.sources]] entry")
     for source in params.ingest.sources:
         check_source(source)
+    check_files(params.safety)
     names = {s.name for s in params.ingest.sources}
     for where, weights in [("mix.weights", params.mix.weights)] + [
         (f"mix.phases[{i}].weights", phase.weights) for i, phase in enumerate(params.mix.phases)
@@ -223,7 +230,7 @@ def check_ready(params: CurateParams, repo_spec: str) -> None:
 
 
 def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    """Source paths and a local repository path written relative to the TOML file."""
+    """Source, benchmark and blocklist paths and a local repository path written relative to the TOML file."""
 
     def resolve(value: str) -> str:
         expanded = Path(value).expanduser()
@@ -232,6 +239,14 @@ def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:
     for source in data.get("ingest", {}).get("sources", []):
         if isinstance(source, dict) and isinstance(source.get("path"), str):
             source["path"] = resolve(source["path"])
+    safety = data.get("safety", {})
+    listed = [
+        *(safety.get("decontamination", {}).get("benchmarks", [])),
+        *(safety.get("blocklist", {}).get("lists", [])),
+    ]
+    for entry in listed:
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            entry["path"] = resolve(entry["path"])
     repository = data.get("repository", {})
     for key in ("spec", "results"):
         value = repository.get(key)

@@ -54,7 +54,14 @@ def test_curate_from_a_toml_file_then_list_the_published_version(tmp_path, capsy
     assert main(["curate", "--config", str(config), "--json"]) == 0
     made = json.loads(capsys.readouterr().out)
     assert made["new"] and made["tag"].startswith("ds-")
-    assert [row["stage"] for row in made["stages"]] == ["ingest", "validate", "dedup", "shard", "mix"]
+    assert [row["stage"] for row in made["stages"]] == [
+        "ingest",
+        "validate",
+        "dedup",
+        "safety",
+        "shard",
+        "mix",
+    ]
 
     assert main(["--repo", str(tmp_path / "repo"), "datasets", "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)

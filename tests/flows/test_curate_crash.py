@@ -100,6 +100,7 @@ def test_sigkill_mid_run_then_rerun_completes_and_janitor_removes_the_orphan(tmp
         "ingest": "reused",
         "validate": "reused",
         "dedup": "reused",
+        "safety": "ran",
         "shard": "ran",
         "mix": "ran",
     }
