@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.safety.config import BenchmarkConfig, DecontaminationConfig
-from tasks.safety.words import batch_words, ngram_hashes, string_hashes, text_words, word_hashes
+from tasks.safety.words import batch_words, ngram_hashes, string_hashes, text_words
 from tasks.stage import ConfigError
 
 PREFIX_BITS = 24
@@ -104,9 +104,9 @@ class BenchmarkSet:
         for benchmark in config.benchmarks:
             ids, texts = read_items(benchmark)
             words = batch_words(pa.array(texts, pa.string()))
-            lengths = np.asarray(words.value_lengths().fill_null(0), np.int64)
-            grams, starts_at = ngram_hashes(word_hashes(words.flatten()), lengths, config.ngram)
-            item_of = np.repeat(np.arange(len(texts), dtype=np.int64), lengths)[starts_at]
+            lengths = words.lengths(len(texts))
+            grams, starts_at = ngram_hashes(words.hashes, words.text_of, config.ngram)
+            item_of = words.text_of[starts_at]
             names.append(benchmark.name)
             starts.append(len(all_ids))
             all_hashes.append(grams)
@@ -168,20 +168,17 @@ def find_contamination(texts: pa.Array, benchmarks: BenchmarkSet) -> Contaminati
     if len(benchmarks.hashes) == 0 or len(texts) == 0:
         return found
     words = batch_words(texts)
-    lengths = np.asarray(words.value_lengths().fill_null(0), np.int64)
-    flat = words.flatten()
-    grams, starts = ngram_hashes(word_hashes(flat), lengths, benchmarks.n)
+    grams, starts = ngram_hashes(words.hashes, words.text_of, benchmarks.n)
     hit, items = benchmarks.lookup(grams)
     if not hit.any():
         return found
-    text_of = np.repeat(np.arange(len(lengths)), lengths)
     for start, item in zip(starts[hit].tolist(), items.tolist(), strict=True):
-        text = int(text_of[start])
+        text = int(words.text_of[start])
         name, item_id = benchmarks.item(item)
         found.ngrams[name] += 1
         found.benchmarks.setdefault(text, set()).add(name)
         if text not in found.detail:
-            ngram = " ".join(flat.slice(start, benchmarks.n).to_pylist())
+            ngram = words.spell(start, benchmarks.n)
             found.detail[text] = f"benchmark {name} item {item_id}: shares the {benchmarks.n}-gram {ngram!r}"
     return found
 
@@ -194,7 +191,7 @@ def remove_spans(text: str, benchmarks: BenchmarkSet) -> tuple[str, int]:
     if len(matches) < benchmarks.n:
         return text, 0
     hashes = string_hashes(pa.array([m.group().lower() for m in matches], pa.string()))
-    grams, starts = ngram_hashes(hashes, np.array([len(matches)]), benchmarks.n)
+    grams, starts = ngram_hashes(hashes, np.zeros(len(matches), np.int64), benchmarks.n)
     hit, _ = benchmarks.lookup(grams)
     covered = np.zeros(len(matches) + 1, np.int64)
     for start in starts[hit].tolist():

@@ -20,6 +20,7 @@ secret-like name, no known prefix), and test fixtures (placeholder values such a
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import math
 import re
@@ -58,13 +59,16 @@ SECRET_NAME = (
 
 @dataclass(frozen=True)
 class Detector:
-    """One type: ``prefilter`` (RE2, whole batch), ``pattern`` (Python, flagged texts only),
-    and ``span``: the part of a match that is redacted, or None when the check refuses it."""
+    """One type: ``prefilter`` (RE2, whole batch), ``pattern`` (Python, near the prefilter's hits
+    only), and ``span``: the part of a match that is redacted, or None when the check refuses it.
+    ``reach``: how far a match may start before a prefilter hit and end after it (chars), so the
+    Python pattern runs on those windows only; None: on the whole text."""
 
     kind: str
     prefilter: str
     pattern: re.Pattern[str]
     span: Callable[[re.Match[str], str, PiiConfig], tuple[int, int] | None]
+    reach: tuple[int, int] | None = (64, 64)
 
 
 Check = Callable[[re.Match[str], str, PiiConfig], bool]
@@ -165,12 +169,14 @@ DETECTORS = (
             re.S,
         ),
         whole(),
+        None,  # a key block runs to its END line, however long
     ),
     Detector(
         "aws_key",
         r"(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}",
         re.compile(r"(?<![A-Za-z0-9+/])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
         whole(_aws),
+        (8, 8),
     ),
     Detector(
         "token",
@@ -182,6 +188,7 @@ DETECTORS = (
             r"sk_(?:live|test)_[A-Za-z0-9]{16,255}|AIza[0-9A-Za-z_-]{35})(?![A-Za-z0-9_-])"
         ),
         whole(),
+        (8, 272),
     ),
     Detector(
         "secret",
@@ -191,12 +198,14 @@ DETECTORS = (
             r"(?:(?P<quote>[\"'])(?P<value>[^\"'\s]{1,512})(?P=quote)|(?P<bare>[A-Za-z0-9+/=_-]{16,512})(?![\w(\[.]))"
         ),
         _secret,
+        (8, 560),
     ),
     Detector(
         "email",
         r"[A-Za-z0-9._%+-]@[A-Za-z0-9-]+\.",
         re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.)+[A-Za-z]{2,24}\b"),
         whole(_email),
+        (72, 320),  # a local part of up to 64 before the "@", a domain of up to 255 after it
     ),
     Detector(
         "card_number",
@@ -233,25 +242,40 @@ class Findings:
     counts: Counter
 
 
+MARK = (
+    "\x00"  # around each prefilter hit, to read the hits' positions back (texts holding it are scanned whole)
+)
+ANY_PREFILTER = "|".join(f"(?:{d.prefilter})" for d in DETECTORS)
+PY_PREFILTERS = {d.kind: re.compile(d.prefilter) for d in DETECTORS}  # which types a hit is of
+CONTEXT = (
+    64  # chars around a hit that its types are read from (a hit hides the overlapping hits of other types)
+)
+
+
 def find_pii(texts: pa.Array, config: PiiConfig) -> Findings:
-    """Every occurrence of each active type in a batch (non-overlapping, by priority)."""
+    """Every occurrence of each active type in a batch (non-overlapping, by priority).
+
+    One RE2 scan of the whole batch for any type's prefilter leaves most texts behind; on the
+    rest, a second marks where the hits are, each hit's types are read from the hit and its
+    context, and each type's Python pattern and check run on the windows around its hits only."""
     modes = config.active()
     found: dict[int, list[tuple[int, int, str]]] = {}
-    cache: dict[int, str] = {}
-    for detector in DETECTORS:
-        if detector.kind not in modes:
-            continue
-        flagged = np.flatnonzero(
-            np.asarray(pc.match_substring_regex(texts, detector.prefilter).fill_null(False), bool)
-        )
-        for index in flagged.tolist():
-            text = cache.get(index)
-            if text is None:
-                text = cache[index] = texts[index].as_py()
-            for match in detector.pattern.finditer(text):
-                span = detector.span(match, text, config)
-                if span is not None:
-                    found.setdefault(index, []).append((*span, detector.kind))
+    any_hit = np.flatnonzero(
+        np.asarray(pc.match_substring_regex(texts, ANY_PREFILTER).fill_null(False), bool)
+    )
+    detectors = [d for d in DETECTORS if d.kind in modes]
+    if not detectors or not len(any_hit):
+        return Findings(found, Counter())
+    subset = texts.take(pa.array(any_hit))
+    strings = subset.to_pylist()
+    for local, hits in enumerate(_hits(subset)):
+        text, index = strings[local], int(any_hit[local])
+        for detector in detectors:
+            for start, end in _windows(text, hits, detector):
+                for match in detector.pattern.finditer(text, start, end):
+                    span = detector.span(match, text, config)
+                    if span is not None:
+                        found.setdefault(index, []).append((*span, detector.kind))
     counts: Counter = Counter()
     for index, spans in found.items():
         found[index] = kept = _non_overlapping(spans)
@@ -259,13 +283,51 @@ def find_pii(texts: pa.Array, config: PiiConfig) -> Findings:
     return Findings(found, counts)
 
 
+def _hits(texts: pa.Array) -> list[list[tuple[int, int]] | None]:
+    """Per text, the ``(start, end)`` characters of each hit of any prefilter; None for a text
+    that holds MARK itself (it is scanned whole)."""
+    pieces = pc.split_pattern(pc.replace_substring_regex(texts, ANY_PREFILTER, MARK + "\\0" + MARK), MARK)
+    ends = np.concatenate([[0], np.cumsum(np.asarray(pc.utf8_length(pieces.flatten()), np.int64))])
+    first = np.asarray(pieces.offsets, np.int64)
+    marked = np.asarray(pc.match_substring(texts, MARK), bool)
+    out: list[list[tuple[int, int]] | None] = []
+    for k in range(len(texts)):
+        bounds = ends[first[k] + 1 : first[k + 1] + 1] - ends[first[k]]
+        starts, stops = bounds[0:-1:2], bounds[1::2]  # gap, hit, gap, hit, ..., gap
+        out.append(None if marked[k] else list(zip(starts.tolist(), stops.tolist(), strict=True)))
+    return out
+
+
+def _windows(text: str, hits: list[tuple[int, int]] | None, detector: Detector) -> list[tuple[int, int]]:
+    """The merged character windows ``detector``'s pattern runs on: around the clusters of hits
+    whose context holds a hit of its prefilter, or the whole text (``reach`` None, or no hit
+    positions) when it has any."""
+    prefilter = PY_PREFILTERS[detector.kind]
+    if hits is None or detector.reach is None:
+        return [(0, len(text))] if prefilter.search(text) else []
+    before, after = detector.reach
+    windows: list[tuple[int, int, int, int]] = []  # (window start, end, first hit's start, last hit's end)
+    for start, end in hits:
+        a, b = max(start - before, 0), min(end + after, len(text))
+        if windows and a <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], max(windows[-1][1], b), windows[-1][2], end)
+        else:
+            windows.append((a, b, start, end))
+    return [
+        (a, b)
+        for a, b, first, last in windows
+        if prefilter.search(text, max(first - CONTEXT, 0), last + CONTEXT)
+    ]
+
+
 def _non_overlapping(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     """Spans found first (higher priority) win; the rest of an overlap is dropped."""
-    kept: list[tuple[int, int, str]] = []
-    for start, end, kind in spans:  # already in priority order
-        if all(end <= s or start >= e for s, e, _ in kept):
-            kept.append((start, end, kind))
-    return sorted(kept)
+    kept: list[tuple[int, int, str]] = []  # sorted by start, never overlapping
+    for span in spans:  # already in priority order
+        at = bisect.bisect(kept, span)
+        if (at == 0 or kept[at - 1][1] <= span[0]) and (at == len(kept) or span[1] <= kept[at][0]):
+            kept.insert(at, span)
+    return kept
 
 
 def redact(text: str, spans: list[tuple[int, int, str]]) -> str:

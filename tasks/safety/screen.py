@@ -13,7 +13,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks.safety.blocklist import Blocklist
 from tasks.safety.config import SECRET_TYPES, SafetyConfig
@@ -83,24 +85,35 @@ class SafetyStats:
         return stats
 
 
+def _replaced(column: pa.Array, texts: dict[int, str]) -> pa.Array:
+    """``column`` with the texts at the given indices replaced."""
+    if not texts:
+        return column
+    mask = np.zeros(len(column), bool)
+    mask[list(texts)] = True
+    return pc.replace_with_mask(
+        column, pa.array(mask), pa.array([texts[i] for i in sorted(texts)], column.type)
+    )
+
+
 def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Table, SafetyStats]:
     """``(kept, quarantined, stats)`` of a batch; the quarantined table adds ``stage``,
     ``reason`` and ``detail``."""
     config, stats = checks.config, SafetyStats()
     n = table.num_rows
-    texts: list[str | None] = [None] * n  # replaced texts only
     reasons: list[str | None] = [None] * n
     details: list[str] = [""] * n
     column = table.column("text").combine_chunks()
 
     modes = config.pii.active()
     findings = find_pii(column, config.pii) if modes else None
+    redacted: dict[int, str] = {}
     if findings is not None:
         stats.pii_found.update(findings.counts)
         for index, spans in findings.spans.items():
             kinds = Counter(kind for _, _, kind in spans)
             stats.pii_documents.update(kinds.keys())
-            texts[index] = redact(column[index].as_py(), spans)
+            redacted[index] = redact(column[index].as_py(), spans)
             held = sorted(k for k in kinds if modes[k] == "quarantine")
             if held:
                 reasons[index] = "secret" if any(k in SECRET_TYPES for k in held) else "pii"
@@ -108,21 +121,13 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
                 details[index] = (
                     f"found {found}; quarantined for {', '.join(held)}; the text here is redacted"
                 )
-        if texts.count(None) != n:
-            column = pa.array(
-                [t if t is not None else column[i].as_py() for i, t in enumerate(texts)], pa.string()
-            )
+        column = _replaced(column, redacted)
 
     if checks.blocklist is not None and not checks.blocklist.empty:
-        for index, meta in enumerate(table.column("meta").to_pylist()):
-            url = checks.blocklist.url_of(meta)
-            if url is None:
-                stats.no_url += 1
-                continue
-            entry = checks.blocklist.match(url)
-            if entry is not None:
-                stats.blocked[entry.split(":", 1)[0]] += 1
-                reasons[index], details[index] = "blocked_url", f"{url} is on blocklist {entry}"
+        blocked, stats.no_url = checks.blocklist.match_batch(table.column("meta").combine_chunks())
+        for index, (url, entry) in blocked.items():
+            stats.blocked[entry.split(":", 1)[0]] += 1
+            reasons[index], details[index] = "blocked_url", f"{url} is on blocklist {entry}"
 
     if checks.benchmarks is not None:
         found = find_contamination(column, checks.benchmarks)
@@ -142,7 +147,7 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
             reasons[index], details[index] = "contaminated", detail
         if cut:
             stats.documents_cut += len([i for i in cut if reasons[i] is None])
-            column = pa.array([cut.get(i, column[i].as_py()) for i in range(n)], pa.string())
+            column = _replaced(column, cut)
 
     if column is not table.column("text"):
         table = table.set_column(table.schema.get_field_index("text"), "text", column)
