@@ -7,7 +7,8 @@ timing; each document gets a URL in its meta (a tenth on a blocked domain).
 
 * validate: ``apply_filters`` with the default ValidateConfig, batch by batch;
 * validate + safety: the same, then ``apply_safety`` with a generated benchmark set
-  (``--items`` items of 60 words: about 48 13-grams each), PII and secrets on (every type,
+  (``--items`` items of 60 of the corpus's words, drawn by frequency, one in a thousand a
+  passage copied from the corpus: about 48 13-grams each), PII and secrets on (every type,
   redact), a domain list and a URL-prefix list.
 
 ``ratio`` = documents per CPU second with the checks / without them (the goal: >= 0.75, the
@@ -55,6 +56,7 @@ from tasks.safety.config import (  # noqa: E402
 from tasks.safety.decontaminate import BenchmarkSet  # noqa: E402
 from tasks.safety.pii import find_pii  # noqa: E402
 from tasks.safety.screen import SafetyChecks, apply_safety  # noqa: E402
+from tasks.safety.words import PY_WORD  # noqa: E402
 from tasks.validate import ValidateConfig, apply_filters  # noqa: E402
 
 
@@ -77,13 +79,24 @@ def corpus(work: Path) -> list[tuple[str, str, pa.Table]]:
     return out
 
 
-def safety_checks(work: Path, items: int) -> SafetyChecks:
+def safety_checks(work: Path, items: int, documents: list[tuple[str, str, pa.Table]]) -> SafetyChecks:
+    """Checks as a user would configure them. The benchmark's items are made of the corpus's own
+    words (drawn by their frequency, so most 13-grams of a document consist of benchmark words,
+    as with real benchmarks and web text), and a few are passages copied from the corpus (so
+    there are matches to report)."""
     rng = random.Random(1)
-    vocabulary = [f"w{i}" for i in range(50_000)]
+    texts = [t for _, _, table in documents for t in table.column("text").to_pylist()]
+    words = [w for t in rng.sample(texts, min(200, len(texts))) for w in PY_WORD.findall(t)]
     bench = work / "bench.jsonl"
     with open(bench, "wb") as f:
         for i in range(items):
-            f.write(orjson.dumps({"id": i, "q": " ".join(rng.choices(vocabulary, k=60))}) + b"\n")
+            if i % 1000 == 0:  # a passage of the corpus: contamination to find
+                source = PY_WORD.findall(rng.choice(texts))
+                start = rng.randrange(max(len(source) - 60, 1))
+                question = " ".join(source[start : start + 60])
+            else:
+                question = " ".join(rng.choices(words, k=60))
+            f.write(orjson.dumps({"id": i, "q": question}) + b"\n")
     (work / "domains.txt").write_text("spam.test\ncasino.example\n")
     (work / "urls.txt").write_text("site7.example.org/p/1\n")
     config = SafetyConfig(
@@ -112,6 +125,28 @@ def run(
                 apply_safety(kept, checks)
             count += batch.num_rows
     return count, time.process_time() - cpu
+
+
+def parts(documents: list[tuple[str, str, pa.Table]], filters: ValidateConfig, checks: SafetyChecks) -> dict:
+    """CPU seconds of each check alone on validate's output (what bounds the ratio)."""
+    kept = [
+        apply_filters(batch, name, kind, filters)[0]
+        for name, kind, table in documents
+        for batch in iter_batches([table], filters.batch_rows)
+    ]
+    no_pii = checks.config.model_copy(update={"pii": PiiConfig()})
+    alone = {
+        "decontamination": SafetyChecks(no_pii, checks.benchmarks, None),
+        "pii_and_secrets": SafetyChecks(checks.config, None, None),
+        "blocklist": SafetyChecks(no_pii, None, checks.blocklist),
+    }
+    seconds = {}
+    for name, only in alone.items():
+        cpu = time.process_time()
+        for batch in kept:
+            apply_safety(batch, only)
+        seconds[name] = round(time.process_time() - cpu, 4)
+    return seconds
 
 
 def pii_against_detect_secrets(documents: list[tuple[str, str, pa.Table]], limit: int) -> dict[str, float]:
@@ -180,7 +215,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         documents = corpus(work)
-        checks = safety_checks(work, args.items)
+        checks = safety_checks(work, args.items, documents)
         run(documents[:1], filters, checks)  # warm-up: the language model, regex compilation
         without, with_checks = [], []
         for _ in range(args.repeats):  # alternating, best of each
@@ -189,6 +224,7 @@ def main() -> None:
             _, seconds = run(documents, filters, checks)
             with_checks.append(seconds)
         rate_without, rate_with = n / min(without), n / min(with_checks)
+        alone = parts(documents, filters, checks)
         detect = pii_against_detect_secrets(documents, args.detect_secrets_docs)
         memory = memory_of_set(work, args.memory_ngrams)
     results = {
@@ -199,6 +235,9 @@ def main() -> None:
         "ratio": round(rate_with / rate_without, 3),
         "cost": round(1 - rate_with / rate_without, 3),
         "goal_ratio_at_least": 0.75,
+        "validate_cpu_s": round(min(without), 4),
+        "safety_cpu_s": round(min(with_checks) - min(without), 4),
+        "each_check_alone_cpu_s": alone,
         "pii_vs_detect_secrets": detect,
         "memory": memory,
     }

@@ -48,7 +48,9 @@ def utf8_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 def runs(mask: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(starts, ends, document of each run) of the maximal runs of True bytes in ``mask``, in
     order; a run never crosses from one document (``offsets``) into the next."""
-    edges = np.diff(mask.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    edges = np.empty(len(mask) + 1, bool)  # edges[i]: mask changes between bytes i - 1 and i
+    edges[0], edges[-1] = (mask[0], mask[-1]) if len(mask) else (False, False)
+    np.not_equal(mask[1:], mask[:-1], out=edges[1:-1])
     boundaries = np.flatnonzero(edges)  # runs and gaps alternate: start, end, start, end, ...
     starts, ends = boundaries[0::2], boundaries[1::2]
     inner = np.unique(offsets[1:-1])
@@ -57,7 +59,10 @@ def runs(mask: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     if glued.size:
         starts = np.insert(starts, np.searchsorted(starts, glued), glued)
         ends = np.insert(ends, np.searchsorted(ends, glued), glued)
-    doc = np.searchsorted(offsets, starts, side="right") - 1
+    first = np.searchsorted(
+        starts, offsets
+    )  # runs before each document's start (few searches, not one per run)
+    doc = np.repeat(np.arange(len(offsets) - 1), np.diff(first))
     return starts, ends, doc
 
 

@@ -105,6 +105,22 @@ _ADJECTIVES = [
 _LINKS = ["and", "but", "while", "because", "although", "so", "when", "after"]
 
 
+FILES_SOURCES_TOML = """
+[[ingest.sources]]
+name = "prose"
+kind = "prose"
+format = "files"
+path = "sources/prose"
+
+[[ingest.sources]]
+name = "code"
+kind = "code"
+format = "files"
+path = "sources/code"
+"""
+"""The two sources write_corpus writes, as a curate TOML's [[ingest.sources]] (paths relative to tmp_path)."""
+
+
 def sentence(rng: random.Random) -> str:
     def phrase() -> str:
         return f"the {rng.choice(_ADJECTIVES)} {rng.choice(_NOUNS)}"

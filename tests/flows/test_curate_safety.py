@@ -178,3 +178,47 @@ def test_curate_with_benchmarks_pii_and_blocklist_publishes_a_safe_version(tmp_p
         "contaminated documents never reach the shards"
     )
     assert "zorblax" not in text, "blocked pages never reach the shards"
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_the_web_safety_example_publishes_from_a_warc_source_and_shows_each_new_reason(
+    tmp_path, capsys, monkeypatch
+):
+    """examples/web_safety.toml as the docs run it: a WARC crawl from flows.demo_web, a benchmark
+    set, PII redaction and two blocklists, through `tokenlake curate`."""
+    from flows.cli import main
+    from flows.demo_web import BENCHMARK_QUESTION, write_web_sample
+
+    monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
+    written = write_web_sample(tmp_path / "demo-web")
+    config = tmp_path / "web_safety.toml"
+    text = (EXAMPLES / "web_safety.toml").read_text()
+    text = text.replace('path = "../.tokenlake/demo-web/safety"', f'path = "{written["safety"]}"')
+    text = text.replace('path = "web_safety/', f'path = "{EXAMPLES}/web_safety/')
+    config.write_text(text + f'\n[repository]\nspec = "{tmp_path / "repo"}"\n')
+    assert main(["curate", "--config", str(config), "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made["new"]
+    row = next(r for r in made["stages"] if r["stage"] == "safety")
+    assert row["quarantined by reason"] == "blocked_url: 3, contaminated: 2, secret: 1", "the run's table"
+
+    repo = LocalRepo(tmp_path / "repo")
+    crawl = json.loads(repo.get(made["tag"], "reports/safety.json"))["per_source"]["crawl"]
+    assert crawl["rejected"] == {"blocked_url": 3, "contaminated": 2, "secret": 1}
+    assert (
+        crawl["blocked"] == {"spam": 2, "private": 1}
+        and crawl["contaminated"]["science-qa"]["documents"] == 2
+    )
+    assert {k: v["found"] for k, v in crawl["pii"].items()} == {"email": 3, "phone": 3, "aws_key": 1}
+    assert crawl["redacted_documents"] == 3
+
+    funnel = funnel_of(results_of(repo, made["tag"]))
+    assert {"safety: blocked_url", "safety: contaminated", "safety: secret"} <= dict(
+        funnel.quarantined
+    ).keys()
+    assert {"email found", "phone found", "aws_key found"} <= dict(funnel.safety).keys()
+    shards = shard_text(repo, made["tag"], "crawl")
+    assert "<EMAIL>" in shards and "<PHONE>" in shards and "harbor-courier" not in shards
+    assert BENCHMARK_QUESTION.lower()[:40] not in shards.lower() and "AKIA4QZ7" not in shards

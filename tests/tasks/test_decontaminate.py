@@ -14,7 +14,7 @@ import pytest
 from tasks.safety.config import BenchmarkConfig, DecontaminationConfig, SafetyConfig
 from tasks.safety.decontaminate import BenchmarkError, BenchmarkSet
 from tasks.safety.screen import SafetyChecks, apply_safety
-from tasks.schema import DOCUMENT_SCHEMA
+from tests.tasks.safety_support import documents
 
 VOCABULARY = [f"tok{i}" for i in range(5_000)]
 
@@ -26,20 +26,6 @@ def words(rng: random.Random, count: int) -> list[str]:
 def write_benchmark(path: Path, items: list[dict]) -> Path:
     path.write_text("".join(json.dumps(item) + "\n" for item in items))
     return path
-
-
-def documents(texts: list[str], source: str = "web") -> pa.Table:
-    n = len(texts)
-    return pa.table(
-        [
-            pa.array([f"id{i}" for i in range(n)]),
-            pa.array([source] * n),
-            pa.array(texts),
-            pa.array([f"doc-{i}" for i in range(n)]),
-            pa.array(['{"kind": "prose"}'] * n),
-        ],
-        schema=DOCUMENT_SCHEMA,
-    )
 
 
 def checks_for(tmp_path: Path, items: list[dict], mode: str = "quarantine", ngram: int = 13) -> SafetyChecks:
@@ -184,19 +170,8 @@ def test_parquet_benchmarks_read_the_named_columns(tmp_path):
         )
 
 
-CURATE_TOML = """
-[[ingest.sources]]
-name = "prose"
-kind = "prose"
-format = "files"
-path = "sources/prose"
-
-[[ingest.sources]]
-name = "code"
-kind = "code"
-format = "files"
-path = "sources/code"
-
+# what follows the two sources of curate_support.FILES_SOURCES_TOML in the test's curate config
+CURATE_TOML_AFTER_FILES = """
 [[ingest.sources]]
 name = "web"
 kind = "prose"
@@ -234,14 +209,14 @@ def test_decontaminate_command_on_a_published_version_reuses_ingest_validate_ded
     tmp_path, monkeypatch, capsys
 ):
     from flows.cli import main
-    from tests.flows.curate_support import column, stage_outcomes
+    from tests.flows.curate_support import FILES_SOURCES_TOML, column, stage_outcomes
     from tests.flows.test_curate_safety import write_safety_corpus
     from versioning.local import LocalRepo
 
     monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
     write_safety_corpus(tmp_path)
     config = tmp_path / "curate.toml"
-    config.write_text(CURATE_TOML)
+    config.write_text(FILES_SOURCES_TOML + CURATE_TOML_AFTER_FILES)
     assert main(["curate", "--config", str(config), "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
     repo = LocalRepo(tmp_path / "repo")
@@ -274,6 +249,6 @@ def test_decontaminate_command_on_a_published_version_reuses_ingest_validate_ded
     # an older tag, or a config that changes an earlier stage, is refused with one sentence
     assert main([*command, "--version", first["tag"]]) == 2
     assert f"{first['tag']} is not main's newest version" in capsys.readouterr().err
-    config.write_text(CURATE_TOML + "\n[dedup]\nthreshold = 0.7\n")
+    config.write_text(FILES_SOURCES_TOML + CURATE_TOML_AFTER_FILES + "\n[dedup]\nthreshold = 0.7\n")
     assert main(command) == 2
     assert "does not reproduce ds-" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import pytest
 from tasks.safety.config import PiiConfig, SafetyConfig
 from tasks.safety.pii import find_pii, luhn, redact
 from tasks.safety.screen import SafetyChecks, apply_safety
-from tasks.schema import DOCUMENT_SCHEMA
+from tests.tasks.safety_support import documents
 
 AWS_KEY = "AKIAZ7Q3XK2LMN4PQR5T"
 GITHUB_TOKEN = "ghp_" + "aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3z5A"
@@ -23,20 +23,6 @@ PRIVATE_KEY = (
     "aNb2kFf3Zp6bYQ9HgkFs0uC3dWeTq1Jj9xYzT4K2hL8mN5vR7sWqXc==\n"
     "-----END RSA PRIVATE KEY-----"
 )
-
-
-def texts_table(texts: list[str], source: str = "web") -> pa.Table:
-    n = len(texts)
-    return pa.table(
-        [
-            pa.array([f"id{i}" for i in range(n)]),
-            pa.array([source] * n),
-            pa.array(texts),
-            pa.array([f"doc-{i}" for i in range(n)]),
-            pa.array(['{"kind": "prose"}'] * n),
-        ],
-        schema=DOCUMENT_SCHEMA,
-    )
 
 
 def found_types(text: str, config: PiiConfig | None = None) -> list[str]:
@@ -153,7 +139,7 @@ def test_modes_per_type_redact_keeps_quarantine_holds_and_never_keeps_the_secret
     config = SafetyConfig(
         pii=PiiConfig(enabled=True, modes={"email": "redact", "aws_key": "quarantine", "phone": "off"})
     )
-    docs = texts_table(
+    docs = documents(
         [
             "Contact jane@acme.io, or call 415-555-2671.",
             f"Deploy with {AWS_KEY} and mail bob@acme.io.",
@@ -179,7 +165,7 @@ def test_modes_per_type_redact_keeps_quarantine_holds_and_never_keeps_the_secret
 
 def test_personal_data_in_quarantine_mode_has_reason_pii():
     config = SafetyConfig(pii=PiiConfig(enabled=True, modes={"card_number": "quarantine"}))
-    _, quarantined, _ = apply_safety(texts_table(["Card 4111 1111 1111 1111 on file."]), SafetyChecks(config))
+    _, quarantined, _ = apply_safety(documents(["Card 4111 1111 1111 1111 on file."]), SafetyChecks(config))
     assert quarantined.column("reason").to_pylist() == ["pii"]
     assert quarantined.column("text").to_pylist() == ["Card <CARD_NUMBER> on file."]
 
@@ -190,7 +176,7 @@ def test_unknown_types_fail_with_one_sentence():
 
 
 def test_pii_off_by_default_changes_nothing():
-    docs = texts_table(["jane@acme.io " + AWS_KEY])
+    docs = documents(["jane@acme.io " + AWS_KEY])
     kept, quarantined, stats = apply_safety(docs, SafetyChecks(SafetyConfig()))
     assert kept.column("text").to_pylist() == docs.column("text").to_pylist() and quarantined.num_rows == 0
     assert not stats.pii_found
