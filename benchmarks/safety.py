@@ -11,6 +11,9 @@ timing; each document gets a URL in its meta (a tenth on a blocked domain).
   passage copied from the corpus: about 48 13-grams each), PII and secrets on (every type,
   redact), a domain list and a URL-prefix list.
 
+Also measured in the same run: WARC extraction (``benchmarks/extract.py``'s ingest of 300
+generated pages as one ``.warc.gz``), pages per CPU second.
+
 ``ratio`` = documents per CPU second with the checks / without them (the goal: >= 0.75, the
 checks cost at most 25% of validate's rate). Also measured: detect-secrets 1.5
 (``scan_line`` over every line, its default plugins) against our PII and secret detectors on
@@ -39,8 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from extract import warc_ingest  # noqa: E402
 from ingest_filter import sources, write_prose_jsonl  # noqa: E402
 
+from flows.demo_web import make_pages  # noqa: E402
 from tasks.ingest import IngestConfig, ingest_partition, plan_partitions  # noqa: E402
 from tasks.parts import iter_batches  # noqa: E402
 from tasks.safety.blocklist import Blocklist  # noqa: E402
@@ -226,8 +231,10 @@ def main() -> None:
         rate_without, rate_with = n / min(without), n / min(with_checks)
         alone = parts(documents, filters, checks)
         detect = pii_against_detect_secrets(documents, args.detect_secrets_docs)
+        warc = warc_ingest(make_pages(300), work, args.repeats)
         memory = memory_of_set(work, args.memory_ngrams)
     results = {
+        "warc_extraction_pages_per_cpu_s": round(warc["pages_per_cpu_second"], 1),
         "documents": n,
         "benchmark_ngrams": len(checks.benchmarks.hashes),
         "validate_docs_per_cpu_s": round(rate_without, 1),
@@ -245,7 +252,8 @@ def main() -> None:
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     print(
-        f"safety: validate={rate_without:.0f} docs/cpu-s with_checks={rate_with:.0f} docs/cpu-s "
+        f"safety: warc_extraction={warc['pages_per_cpu_second']:.0f} pages/cpu-s "
+        f"validate={rate_without:.0f} docs/cpu-s with_checks={rate_with:.0f} docs/cpu-s "
         f"ratio={rate_with / rate_without:.2f} (goal >= 0.75) pii_vs_detect_secrets={detect['speedup']}x "
         f"set_bytes_per_ngram={memory['bytes_per_ngram']} (10M: {memory['held_mb_for_10m']} MB)"
     )

@@ -1,9 +1,10 @@
 """Personal data and credentials in text: find them, replace each with a typed placeholder.
 
-Each type is a detector: an RE2 prefilter that pyarrow runs over the whole batch at once
-(most documents contain nothing, and leave here after that one vectorised scan), then a
-Python pattern and a check on the documents the prefilter flagged (Luhn for cards, octet
-ranges for IPv4, ``ipaddress`` for IPv6, Shannon entropy for values of secret-like names).
+Each type is a detector: an RE2 prefilter (all types' prefilters are one alternation that
+pyarrow runs over the whole batch at once: most documents contain nothing, and leave here
+after that one vectorised scan), then a Python pattern and a check on the windows around the
+prefilter's hits only (Luhn for cards, octet ranges for IPv4, ``ipaddress`` for IPv6, Shannon
+entropy for values of secret-like names).
 
 Why not detect-secrets: its plugins scan line by line in Python, every plugin on every line;
 ``benchmarks/safety.py`` measures it on the same text, and it is too slow to run on every
@@ -256,8 +257,9 @@ def find_pii(texts: pa.Array, config: PiiConfig) -> Findings:
     """Every occurrence of each active type in a batch (non-overlapping, by priority).
 
     One RE2 scan of the whole batch for any type's prefilter leaves most texts behind; on the
-    rest, a second marks where the hits are, each hit's types are read from the hit and its
-    context, and each type's Python pattern and check run on the windows around its hits only."""
+    rest, a second marks where the hits are (their windows merged in numpy), each window's types
+    are read from its hits and their context, and each type's Python pattern and check run on
+    its windows only."""
     modes = config.active()
     found: dict[int, list[tuple[int, int, str]]] = {}
     any_hit = np.flatnonzero(
@@ -268,14 +270,14 @@ def find_pii(texts: pa.Array, config: PiiConfig) -> Findings:
         return Findings(found, Counter())
     subset = texts.take(pa.array(any_hit))
     strings = subset.to_pylist()
-    for local, hits in enumerate(_hits(subset)):
-        text, index = strings[local], int(any_hit[local])
-        for detector in detectors:
-            for start, end in _windows(text, hits, detector):
-                for match in detector.pattern.finditer(text, start, end):
-                    span = detector.span(match, text, config)
-                    if span is not None:
-                        found.setdefault(index, []).append((*span, detector.kind))
+    hits = _hits(subset)
+    for detector in detectors:  # in priority order, as _non_overlapping needs
+        for local, start, end in _windows(strings, hits, detector):
+            text, index = strings[local], int(any_hit[local])
+            for match in detector.pattern.finditer(text, start, end):
+                span = detector.span(match, text, config)
+                if span is not None:
+                    found.setdefault(index, []).append((*span, detector.kind))
     counts: Counter = Counter()
     for index, spans in found.items():
         found[index] = kept = _non_overlapping(spans)
@@ -283,41 +285,62 @@ def find_pii(texts: pa.Array, config: PiiConfig) -> Findings:
     return Findings(found, counts)
 
 
-def _hits(texts: pa.Array) -> list[list[tuple[int, int]] | None]:
-    """Per text, the ``(start, end)`` characters of each hit of any prefilter; None for a text
-    that holds MARK itself (it is scanned whole)."""
+@dataclass(frozen=True)
+class Hits:
+    """Where any prefilter hit in a batch: per hit (in text order) its text and characters."""
+
+    text: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+    lengths: np.ndarray  # characters per text
+    marked: np.ndarray  # texts that hold MARK themselves: their hits are unknown, they are scanned whole
+
+
+def _hits(texts: pa.Array) -> Hits:
     pieces = pc.split_pattern(pc.replace_substring_regex(texts, ANY_PREFILTER, MARK + "\\0" + MARK), MARK)
-    ends = np.concatenate([[0], np.cumsum(np.asarray(pc.utf8_length(pieces.flatten()), np.int64))])
+    sizes = np.asarray(pc.utf8_length(pieces.flatten()), np.int64)
     first = np.asarray(pieces.offsets, np.int64)
+    text_of = np.repeat(np.arange(len(texts)), np.diff(first))
+    ends = np.cumsum(sizes)
+    ends -= np.concatenate([[0], ends])[first[:-1]][text_of]  # characters from the start of the text
+    hit = (np.arange(len(sizes)) - first[:-1][text_of]) % 2 == 1  # gap, hit, gap, hit, ..., gap
     marked = np.asarray(pc.match_substring(texts, MARK), bool)
-    out: list[list[tuple[int, int]] | None] = []
-    for k in range(len(texts)):
-        bounds = ends[first[k] + 1 : first[k + 1] + 1] - ends[first[k]]
-        starts, stops = bounds[0:-1:2], bounds[1::2]  # gap, hit, gap, hit, ..., gap
-        out.append(None if marked[k] else list(zip(starts.tolist(), stops.tolist(), strict=True)))
-    return out
+    keep = hit & ~marked[text_of]
+    lengths = np.asarray(pc.utf8_length(texts), np.int64)
+    return Hits(text_of[keep], ends[keep] - sizes[keep], ends[keep], lengths, marked)
 
 
-def _windows(text: str, hits: list[tuple[int, int]] | None, detector: Detector) -> list[tuple[int, int]]:
-    """The merged character windows ``detector``'s pattern runs on: around the clusters of hits
-    whose context holds a hit of its prefilter, or the whole text (``reach`` None, or no hit
-    positions) when it has any."""
+def _windows(strings: list[str], hits: Hits, detector: Detector) -> list[tuple[int, int, int]]:
+    """``(text, start, end)``: the character windows ``detector``'s pattern runs on. The hits'
+    windows (``reach`` around each) are merged where they overlap, and a merged window is kept
+    when its hits' context holds a hit of the detector's own prefilter; a text is scanned whole
+    when ``reach`` is None or its hits are unknown, if its prefilter hits it anywhere."""
     prefilter = PY_PREFILTERS[detector.kind]
-    if hits is None or detector.reach is None:
-        return [(0, len(text))] if prefilter.search(text) else []
+    whole = range(len(strings)) if detector.reach is None else np.flatnonzero(hits.marked).tolist()
+    windows = [(i, 0, len(strings[i])) for i in whole if prefilter.search(strings[i])]
+    if detector.reach is None or not len(hits.text):
+        return windows
     before, after = detector.reach
-    windows: list[tuple[int, int, int, int]] = []  # (window start, end, first hit's start, last hit's end)
-    for start, end in hits:
-        a, b = max(start - before, 0), min(end + after, len(text))
-        if windows and a <= windows[-1][1]:
-            windows[-1] = (windows[-1][0], max(windows[-1][1], b), windows[-1][2], end)
-        else:
-            windows.append((a, b, start, end))
-    return [
-        (a, b)
-        for a, b, first, last in windows
-        if prefilter.search(text, max(first - CONTEXT, 0), last + CONTEXT)
-    ]
+    a = np.maximum(hits.start - before, 0)
+    key = hits.text.astype(np.int64) << 40  # texts apart: a window never merges into the next text's
+    b = key + np.minimum(hits.stop + after, hits.lengths[hits.text])
+    reach = np.maximum.accumulate(b)
+    new = np.ones(len(a), bool)
+    new[1:] = key[1:] + a[1:] > reach[:-1]
+    firsts = np.flatnonzero(new)
+    lasts = np.append(firsts[1:] - 1, len(a) - 1)
+    merged = zip(
+        hits.text[firsts].tolist(),
+        a[firsts].tolist(),
+        (reach[lasts] - key[lasts]).tolist(),
+        hits.start[firsts].tolist(),
+        hits.stop[lasts].tolist(),
+        strict=True,
+    )
+    for i, start, end, first, last in merged:
+        if prefilter.search(strings[i], max(first - CONTEXT, 0), last + CONTEXT):
+            windows.append((i, start, end))
+    return windows
 
 
 def _non_overlapping(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:

@@ -1,13 +1,15 @@
 """Words and word n-grams as 64-bit hashes, vectorised over a whole batch.
 
-A word is a maximal run of letters and digits after lower-casing (Unicode classes ``\\pL``
-and ``\\pN``), so case, whitespace and punctuation do not change a document's n-grams.
+A word is a maximal run of letters and digits after lower-casing (``str.isalnum``, what
+Python's ``[^\\W_]`` matches), so case, whitespace and punctuation do not change a document's
+n-grams.
 
 How it stays out of the interpreter: the batch's UTF-8 bytes are one NumPy array. ASCII
-texts (most of a corpus) need nothing more: a lookup table lower-cases the bytes and marks
-the word bytes (``[a-z0-9]``). A text with any non-ASCII character is first rewritten by
-Arrow (``utf8_lower``, every run of non-letters and non-digits replaced by one space), after
-which its word bytes are ASCII letters, digits and every non-ASCII byte. Word boundaries
+texts (most of a corpus) need nothing more: a lookup table lower-cases the word bytes
+(``[A-Za-z0-9]``) and zeroes the others. A text with any non-ASCII character is lower-cased by
+Arrow (``utf8_lower``) first, and the bytes of its non-ASCII characters that are no letter or
+digit are zeroed too (their code points decoded in NumPy, looked up in a table of
+``str.isalnum``). Word boundaries
 come from that byte mask (:func:`tasks.text_bytes.runs`), a word's hash from its bytes
 (:func:`tasks.text_bytes.span_hashes`), and an n-gram's hash from its words' hashes by a
 polynomial computed with one prefix sum. The hashes are stable across processes and
@@ -17,6 +19,7 @@ checked in any worker.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -26,17 +29,16 @@ import pyarrow.compute as pc
 
 from tasks.text_bytes import large_strings, mix64, runs, span_hashes, utf8_bytes
 
-SEPARATORS = r"[^\pL\pN]+"  # RE2 (pyarrow): everything that is not a letter or a digit
 PY_WORD = re.compile(r"[^\W_]+")  # the same words for Python's re: letters and digits
 WORD_BASE = 0x9E3779B97F4A7C15  # odd, so invertible modulo 2**64
 WORD_BASE_INVERSE = pow(WORD_BASE, -1, 1 << 64)
 
-_LOWER = np.arange(256, dtype=np.uint8)
-_LOWER[ord("A") : ord("Z") + 1] += 32
 _WORD_BYTE = np.zeros(256, bool)
 for _first, _last in (("0", "9"), ("a", "z"), ("A", "Z")):
     _WORD_BYTE[ord(_first) : ord(_last) + 1] = True
 _WORD_BYTE[0x80:] = True  # non-ASCII bytes are left only inside words (see the module docstring)
+_LOWER_WORD = np.where(_WORD_BYTE, np.arange(256), 0).astype(np.uint8)  # a word byte lower-cased, else 0
+_LOWER_WORD[ord("A") : ord("Z") + 1] += 32
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,37 @@ def batch_words(texts: pa.Array) -> Words:
     ascii_ = np.asarray(pc.string_is_ascii(texts), bool)
     if not ascii_.all():
         other = pa.array(~ascii_)
-        spaced = pc.replace_substring_regex(pc.utf8_lower(texts.filter(other)), SEPARATORS, " ")
-        texts = pc.replace_with_mask(texts, other, spaced)
+        texts = pc.replace_with_mask(texts, other, pc.utf8_lower(texts.filter(other)))
     data, offsets = utf8_bytes(texts)
-    lowered = _LOWER[data]
-    starts, ends, text_of = runs(_WORD_BYTE[data], offsets)
+    lowered = _LOWER_WORD[data]  # one gather for both: the word bytes lower-cased, the others 0
+    if not ascii_.all():
+        _drop_other_characters(data, lowered)
+    starts, ends, text_of = runs(lowered != 0, offsets)
     return Words(span_hashes(lowered, starts, ends), text_of, lowered, starts, ends)
+
+
+@functools.cache
+def _alnum() -> np.ndarray:
+    """Per code point: a letter or digit (``str.isalnum``, what ``PY_WORD`` matches)."""
+    return np.fromiter((chr(c).isalnum() for c in range(0x110000)), bool, 0x110000)
+
+
+def _drop_other_characters(data: np.ndarray, lowered: np.ndarray) -> None:
+    """Zero in ``lowered`` every byte of each non-ASCII character that is no letter or digit."""
+    leads = np.flatnonzero(data >= 0xC0)
+    if not len(leads):
+        return
+    size = np.where(data[leads] >= 0xF0, 4, np.where(data[leads] >= 0xE0, 3, 2))
+    padded = np.zeros(len(data) + 3, np.int64)
+    padded[: len(data)] = data
+    point = padded[leads] & np.where(size == 4, 0x07, np.where(size == 3, 0x0F, 0x1F))
+    for k in range(1, 4):
+        more = size > k
+        point = np.where(more, (point << 6) | (padded[leads + k] & 0x3F), point)
+    other = ~_alnum()[np.minimum(point, 0x10FFFF)]
+    for k in range(4):
+        at = leads[other & (size > k)] + k
+        lowered[at] = 0
 
 
 def string_hashes(values: pa.Array) -> np.ndarray:
