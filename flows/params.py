@@ -188,12 +188,7 @@ class CurateParams(BaseModel):
     @classmethod
     def from_toml(cls, path: str | Path) -> CurateParams:
         path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"config file {str(path)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{path}: not valid TOML ({exc})") from None
+        data = read_toml(path, "config file")
         return cls.from_dict(_relative_to(data, path.resolve().parent), where=str(path))
 
     @classmethod
@@ -202,6 +197,16 @@ class CurateParams(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ValueError(f"{where}: {one_sentence(exc)}") from None
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """The TOML of ``path``; a missing file or bad TOML is one sentence naming ``what`` and the file."""
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML ({exc})") from None
 
 
 def check_ready(params: CurateParams, repo_spec: str) -> None:

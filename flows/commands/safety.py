@@ -9,7 +9,6 @@ and publish a new version that records the new sets under ``eval_sets/``.
 from __future__ import annotations
 
 import argparse
-import tomllib
 from pathlib import Path
 
 
@@ -41,12 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_benchmarks(path: Path) -> dict:
     """The decontamination table of ``path``, its file paths made relative to it."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"benchmarks file {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: not valid TOML ({exc})") from None
+    from flows.params import read_toml
+
+    data = read_toml(path, "benchmarks file")
     base = path.resolve().parent
     for benchmark in data.get("benchmarks", []):
         if isinstance(benchmark, dict) and isinstance(benchmark.get("path"), str):

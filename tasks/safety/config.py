@@ -20,6 +20,12 @@ ALL_TYPES = (*PII_TYPES, *SECRET_TYPES)
 Mode = Literal["redact", "quarantine", "off"]
 
 
+def _unique(names: list[str], what: str) -> None:
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"{what} names must be unique; rename {', '.join(duplicates)}")
+
+
 class BenchmarkConfig(BaseModel):
     """One evaluation set: a JSONL or Parquet file whose ``fields`` hold an item's text."""
 
@@ -53,10 +59,7 @@ class DecontaminationConfig(BaseModel):
 
     @model_validator(mode="after")
     def _unique_names(self) -> DecontaminationConfig:
-        names = [b.name for b in self.benchmarks]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"benchmark names must be unique; rename {', '.join(duplicates)}")
+        _unique([b.name for b in self.benchmarks], "benchmark")
         return self
 
 
@@ -120,10 +123,7 @@ class BlocklistConfig(BaseModel):
 
     @model_validator(mode="after")
     def _unique_names(self) -> BlocklistConfig:
-        names = [b.name for b in self.lists]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"blocklist names must be unique; rename {', '.join(duplicates)}")
+        _unique([b.name for b in self.lists], "blocklist")
         return self
 
 

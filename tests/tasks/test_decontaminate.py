@@ -209,7 +209,7 @@ def test_decontaminate_command_on_a_published_version_reuses_ingest_validate_ded
     tmp_path, monkeypatch, capsys
 ):
     from flows.cli import main
-    from tests.flows.curate_support import FILES_SOURCES_TOML, column, stage_outcomes
+    from tests.flows.curate_support import FILES_SOURCES_TOML, column, ran_from, stage_outcomes
     from tests.flows.test_curate_safety import write_safety_corpus
     from versioning.local import LocalRepo
 
@@ -230,14 +230,7 @@ def test_decontaminate_command_on_a_published_version_reuses_ingest_validate_ded
     with stage_outcomes() as outcomes:
         assert main([*command, "--version", first["tag"], "--json"]) == 0
     second = json.loads(capsys.readouterr().out)
-    assert outcomes == {
-        "ingest": "reused",
-        "validate": "reused",
-        "dedup": "reused",
-        "safety": "ran",
-        "shard": "ran",
-        "mix": "ran",
-    }
+    assert outcomes == ran_from("safety")
     assert second["new"] and second["tag"] != first["tag"]
     assert [s.path for s in repo.list(second["tag"], "eval_sets/")] == [
         "eval_sets/opera/opera.jsonl",
