@@ -116,7 +116,7 @@ def make_repo(
     repo.ensure()
     for source, docs in corpus.items():
         for i, part in enumerate(dedup_parts(source, docs)):
-            repo.put("main", f"dedup/{source}/part-{i:05d}.parquet", part)
+            repo.put("main", f"safe/{source}/part-{i:05d}.parquet", part)
     repo.put("main", layout.TOKENIZER, tokenizer_json.encode())
     return repo, repo.commit("main", "dedup + tokenizer").id
 

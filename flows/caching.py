@@ -10,6 +10,7 @@ are not commits and are folded into the key as fingerprints:
 * ingest reads nothing from the repository: its input is the source files, so its key is
   every selected file's path, size and modification time (as ``make`` and ``rsync`` judge
   freshness; content is not re-read) instead of a commit id;
+* safety reads the benchmark and blocklist files the user names: their content is hashed;
 * shard may reuse the tokenizer of another dataset ref (``reuse_tokenizer_from``), which is
   resolved to its commit id, so moving that ref invalidates the key.
 
@@ -78,10 +79,26 @@ def tokenizer_fingerprint(config: Any, repo_spec: str) -> str:
         return f"missing:{ref}"  # the stage itself reports the missing ref
 
 
+def safety_fingerprint(config: Any) -> str:
+    """The content of every benchmark and blocklist file (small files, read whole: a list edited
+    in place within the same second still changes the key)."""
+    digest = hashlib.sha256()
+    listed = [*config.decontamination.benchmarks, *config.blocklist.lists]
+    for entry in listed:
+        digest.update(f"\0{entry.name}\0".encode())
+        try:
+            digest.update(hashlib.sha256(Path(entry.path).read_bytes()).digest())
+        except OSError:
+            digest.update(b"unreadable")  # the stage itself reports the missing file
+    return digest.hexdigest()
+
+
 def input_fingerprint(stage: str, config: Any, repo_spec: str) -> str:
     """What a stage reads besides its input commit."""
     if stage == "ingest":
         return source_fingerprint(config)
+    if stage == "safety":
+        return safety_fingerprint(config)
     if stage == "shard":
         return tokenizer_fingerprint(config, repo_spec)
     return ""

@@ -19,6 +19,7 @@ from pathlib import Path
 COMMAND_MODULES = [
     "flows.commands.run",
     "flows.commands.curate",
+    "flows.commands.safety",
     "flows.commands.train",
     "flows.commands.repo",
     "flows.commands.shards",

@@ -1,4 +1,4 @@
-"""The curate flow: sources -> ingest -> validate -> dedup -> shard -> mix -> publish (DESIGN.md §1).
+"""The curate flow: sources -> ingest -> validate -> dedup -> safety -> shard -> mix -> publish (DESIGN.md §1).
 
 Each run writes on its own branch ``curate-<flow run id>`` created from ``main``; each stage
 is one task that reads its input at the previous stage's commit id and ends in a commit
@@ -16,7 +16,7 @@ retried is not a flow failure, so it never does. The janitor (:mod:`flows.janito
 the branch of a process that was killed outright. Finished stages are reused exactly
 (:mod:`flows.stage_runner`).
 
-The run shows seven task runs: ``open-run-branch``, the five stages, ``publish``; the
+The run shows eight task runs: ``open-run-branch``, the six stages, ``publish``; the
 bookkeeping between them is the flow's own code.
 """
 
@@ -47,6 +47,7 @@ from tasks.dedup.task import dedup_task
 from tasks.gates import ExpectationsFailed
 from tasks.ingest.task import ingest_task
 from tasks.mix.task import mix_task
+from tasks.safety.task import safety_task
 from tasks.shard.task import shard_task
 from tasks.stage import StageResult, config_hash
 from tasks.stage_task import IO_RETRIES
@@ -111,7 +112,8 @@ def curate(params: CurateParams = CurateParams()) -> PublishedVersion:
             ingested = run.run("ingest", ingest_task, params.ingest, input_commit=run.head)
             validated = run.run("validate", validate_task, params.validation, ingested.commit_id)
             deduped = run.run("dedup", dedup_task, params.dedup, validated.commit_id)
-            sharded = run.run("shard", shard_task, params.shards, deduped.commit_id)
+            safe = run.run("safety", safety_task, params.safety, deduped.commit_id)
+            sharded = run.run("shard", shard_task, params.shards, safe.commit_id)
             mixed = run.run("mix", mix_task, params.mix, sharded.commit_id)
         version = publish_task(
             run.repo_spec, run.branch, mixed.commit_id, run.links, run.flow_run_id, params, run.results

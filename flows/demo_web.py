@@ -7,6 +7,9 @@ and as HTML files. Nothing is downloaded.
 
 writes ``DEST/warc/crawl-00000.warc.gz`` (+ a plain ``.warc``) with one of each bad record the
 ingest stage quarantines, and ``DEST/html/`` with pages as files; ``examples/web.toml`` reads them.
+``DEST/safety/crawl-safety.warc.gz`` holds pages for the safety stage (``examples/web_safety.toml``):
+some on a blocked domain or under a blocked path, some quoting a benchmark item
+(``examples/web_safety/science_qa.jsonl``), some with a reporter's e-mail address and phone number, one with an AWS key.
 """
 
 from __future__ import annotations
@@ -184,6 +187,38 @@ def make_page(rng: random.Random, index: int, site: str = "Example News") -> Pag
     return Page(url, html, [title, *paragraphs], boilerplate)
 
 
+BENCHMARK_QUESTION = (  # item sci-1 of examples/web_safety/science_qa.jsonl
+    "What is the boiling point of liquid nitrogen measured at standard atmospheric pressure in degrees kelvin"
+)
+CONTACT = "Write to the reporter at jane.doe@harbor-courier.news or call +1 415-555-0132."
+UNSAFE_PAGES = {  # page index -> (URL, or None to keep it; a paragraph added to the main text, or None)
+    0: ("https://www.spam-farm.test/deals/story-00000.html", None),  # blocked domain (and subdomains)
+    1: ("https://cdn.spam-farm.test/story-00001.html", None),
+    2: ("https://news.example.org/private/leak-00002.html", None),  # blocked path prefix
+    3: (None, f"Quiz corner. {BENCHMARK_QUESTION.upper()}? Answers next week."),  # contaminated
+    4: (None, f"From the archive: {BENCHMARK_QUESTION}."),
+    5: (None, CONTACT),  # redacted: <EMAIL>, <PHONE>
+    6: (None, CONTACT),
+    7: (None, CONTACT),
+    8: (None, "Our build log printed the deploy key AKIA4QZ7R2M9X8V6KD3L by mistake."),  # quarantined: secret
+}
+
+
+def make_unsafe_pages(count: int, seed: int = 1) -> list[Page]:
+    """``count`` pages, the first ones changed as ``UNSAFE_PAGES`` says."""
+    pages = make_pages(count, seed)
+    for index, (url, paragraph) in UNSAFE_PAGES.items():
+        page = pages[index]
+        html, main = page.html, list(page.main_lines)
+        if url is not None:
+            html = html.replace(f'href="{page.url}"', f'href="{url}"')
+        if paragraph is not None:
+            html = html.replace("</h1>", f"</h1><p>{paragraph}</p>", 1)
+            main.insert(1, paragraph)
+        pages[index] = Page(url or page.url, html, main, page.boilerplate_lines)
+    return pages
+
+
 def make_pages(count: int, seed: int = 0) -> list[Page]:
     rng = random.Random(seed)
     return [make_page(rng, i) for i in range(count)]
@@ -285,7 +320,10 @@ def write_web_sample(
     html.mkdir(parents=True, exist_ok=True)
     for i, page in enumerate(generated[: min(10, len(generated))]):
         (html / f"page-{i:03d}.html").write_text(page.html, encoding="utf-8")
-    return {"warc": warc, "html": html}
+    safety = dest / "safety"
+    unsafe = make_unsafe_pages(max(pages // 2, len(UNSAFE_PAGES) + 10), seed + 1)
+    write_warc(safety / "crawl-safety.warc.gz", [warc_record(p.url, p.html.encode()) for p in unsafe])
+    return {"warc": warc, "html": html, "safety": safety}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -294,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pages", type=int, default=60)
     args = parser.parse_args(argv)
     written = write_web_sample(args.dest, args.pages)
-    print(f"web sample: {written['warc']} and {written['html']}")
+    print(f"web sample: {written['warc']}, {written['html']} and {written['safety']}")
 
 
 if __name__ == "__main__":

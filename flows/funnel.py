@@ -1,5 +1,6 @@
 """The curate funnel: per source, the documents each stage kept, those it quarantined by reason,
-and the tokens the shards and the mix hold, drawn as one PNG (an image artifact, and a file under ``<data home>/reports/``).
+the occurrences of each PII and secret type the safety stage found, and the tokens the shards
+and the mix hold, drawn as one PNG (an image artifact, and a file under ``<data home>/reports/``).
 
 Read from the stage reports only (``reports/<stage>.json``, as the stage results carry them),
 so a reused stage draws the same bars as the run that computed it.
@@ -18,6 +19,7 @@ DOCUMENT_STEPS = (  # (label, stage, report field per source)
     ("parsed", "ingest", "kept"),
     ("passed validation", "validate", "kept"),
     ("after dedup", "dedup", "kept"),
+    ("after safety checks", "safety", "kept"),
     ("ending in shards", "shard", "documents_in_shards"),
 )
 TOKEN_STEPS = (
@@ -34,6 +36,9 @@ def funnel_path(tag: str) -> Path:
     return data_home() / "reports" / tag / "funnel.png"
 
 
+SAFETY_STAGE = "safety"
+
+
 @dataclass(frozen=True)
 class Funnel:
     sources: list[str]
@@ -42,6 +47,22 @@ class Funnel:
     quarantined: list[tuple[str, dict[str, int]]] = field(
         default_factory=list
     )  # ("stage: reason", {source: n})
+    safety: list[tuple[str, dict[str, int]]] = field(default_factory=list)  # (what, {source: count})
+
+
+def safety_rows(results: dict[str, StageResult]) -> list[tuple[str, dict[str, int]]]:
+    """``<type> found`` rows (PII and secrets, redacted or not) and the contaminated spans the
+    safety stage cut, per source; what it quarantined is in ``quarantined_by_reason``."""
+    if SAFETY_STAGE not in results:
+        return []
+    per_source = results[SAFETY_STAGE].report.get("per_source") or {}
+    rows: dict[str, dict[str, int]] = {}
+    for source, stats in per_source.items():
+        for kind, counts in (stats.get("pii") or {}).items():
+            rows.setdefault(f"{kind} found", {})[source] = int(counts.get("found", 0))
+        if stats.get("documents_cut"):
+            rows.setdefault("contaminated spans cut", {})[source] = int(stats.get("spans_removed", 0))
+    return list(rows.items())
 
 
 def funnel_of(results: dict[str, StageResult]) -> Funnel:
@@ -56,9 +77,9 @@ def funnel_of(results: dict[str, StageResult]) -> Funnel:
             rows.append((label, {s: int(stats.get(key, 0) or 0) for s, stats in per_source.items()}))
         return rows
 
-    documents, tokens = steps(DOCUMENT_STEPS), steps(TOKEN_STEPS)
+    documents, tokens, safety = steps(DOCUMENT_STEPS), steps(TOKEN_STEPS), safety_rows(results)
     sources = sorted({s for _, counts in documents + tokens for s in counts})
-    return Funnel(sources, documents, tokens, quarantined_by_reason(results))
+    return Funnel(sources, documents, tokens, quarantined_by_reason(results), safety)
 
 
 def quarantined_by_reason(results: dict[str, StageResult]) -> list[tuple[str, dict[str, int]]]:
@@ -75,7 +96,8 @@ def quarantined_by_reason(results: dict[str, StageResult]) -> list[tuple[str, di
 
 
 def draw_funnel(funnel: Funnel, path: Path, title: str) -> Path:
-    """Two centred, stacked bar funnels (documents, tokens), one colour per source, as a PNG."""
+    """Two centred, stacked bar funnels (documents, tokens), one colour per source, and the
+    safety stage's counts below them when it found anything, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window
@@ -85,6 +107,8 @@ def draw_funnel(funnel: Funnel, path: Path, title: str) -> Path:
     panels = [(funnel.documents, "documents"), (funnel.tokens, "tokens")]
     if funnel.quarantined:
         panels.append((funnel.quarantined, "documents quarantined by reason"))
+    if funnel.safety:
+        panels.append((funnel.safety, "occurrences found (PII, secrets) or cut (contaminated spans)"))
     heights = [max(len(rows), 1) for rows, _ in panels]
     fig, axes = plt.subplots(
         len(panels),

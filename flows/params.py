@@ -28,6 +28,7 @@ from flows.commands.values import one_sentence
 from formats.mix import MixSpec
 from tasks.dedup.config import DedupConfig
 from tasks.ingest.config import IngestConfig
+from tasks.safety.config import SafetyConfig
 from tasks.shard.config import ShardConfig
 from tasks.validate.config import ValidateConfig
 from versioning.port import validate_repo_name
@@ -171,6 +172,10 @@ class CurateParams(BaseModel):
         description="the validate stage: quality rules, language id, classifier, gate",
     )
     dedup: DedupConfig = Field(default_factory=DedupConfig, description="exact and near-duplicate removal")
+    safety: SafetyConfig = Field(
+        default_factory=SafetyConfig,
+        description="the safety stage: benchmark decontamination, PII and secrets, URL blocklists",
+    )
     shards: ShardConfig = Field(default_factory=ShardConfig, description="tokenizer and packing")
     mix: MixSpec = Field(default_factory=MixSpec, description="the mixture plan")
     gates: GateConfig = Field(default_factory=GateConfig, description="what must hold before publishing")
@@ -183,12 +188,7 @@ class CurateParams(BaseModel):
     @classmethod
     def from_toml(cls, path: str | Path) -> CurateParams:
         path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"config file {str(path)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{path}: not valid TOML ({exc})") from None
+        data = read_toml(path, "config file")
         return cls.from_dict(_relative_to(data, path.resolve().parent), where=str(path))
 
     @classmethod
@@ -199,10 +199,21 @@ class CurateParams(BaseModel):
             raise ValueError(f"{where}: {one_sentence(exc)}") from None
 
 
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """The TOML of ``path``; a missing file or bad TOML is one sentence naming ``what`` and the file."""
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML ({exc})") from None
+
+
 def check_ready(params: CurateParams, repo_spec: str) -> None:
-    """What can fail before any work, failing fast with one sentence: the sources, the mix's
-    source names, the repository."""
+    """What can fail before any work, failing fast with one sentence: the sources, the
+    benchmark and blocklist files, the mix's source names, the repository."""
     from tasks.ingest import check_source
+    from tasks.safety import check_files
     from tasks.stage import ConfigError
     from versioning import open_repo
 
@@ -210,6 +221,7 @@ def check_ready(params: CurateParams, repo_spec: str) -> None:
         raise ConfigError("no sources to curate: add at least one [[ingest.sources]] entry")
     for source in params.ingest.sources:
         check_source(source)
+    check_files(params.safety)
     names = {s.name for s in params.ingest.sources}
     for where, weights in [("mix.weights", params.mix.weights)] + [
         (f"mix.phases[{i}].weights", phase.weights) for i, phase in enumerate(params.mix.phases)
@@ -223,7 +235,7 @@ def check_ready(params: CurateParams, repo_spec: str) -> None:
 
 
 def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    """Source paths and a local repository path written relative to the TOML file."""
+    """Source, benchmark and blocklist paths and a local repository path written relative to the TOML file."""
 
     def resolve(value: str) -> str:
         expanded = Path(value).expanduser()
@@ -232,6 +244,14 @@ def _relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:
     for source in data.get("ingest", {}).get("sources", []):
         if isinstance(source, dict) and isinstance(source.get("path"), str):
             source["path"] = resolve(source["path"])
+    safety = data.get("safety", {})
+    listed = [
+        *(safety.get("decontamination", {}).get("benchmarks", [])),
+        *(safety.get("blocklist", {}).get("lists", [])),
+    ]
+    for entry in listed:
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            entry["path"] = resolve(entry["path"])
     repository = data.get("repository", {})
     for key in ("spec", "results"):
         value = repository.get(key)

@@ -184,3 +184,36 @@ def plan_stage(
     if commit_exists(repo, cached.commit_id) and repo.is_ancestor(repo.resolve(branch), cached.commit_id):
         return key, "fast-forward"
     return key, "refresh"
+
+
+REUSED_BEFORE_SAFETY = ("ingest", "validate", "dedup")
+
+
+def check_reuses_version(params: CurateParams, repo_spec: str, version: str | None = None) -> PublishRecord:
+    """The published version a safety-only run builds on (``version``, default main's newest),
+    checked so that ingest, validate and dedup are reused in place: main's head holds that
+    version, and ``params`` give those stages the keys the version was published with.
+    Anything else fails with one sentence (a re-run of those stages is ``tokenlake curate``)."""
+    from tasks.stage import ConfigError
+
+    repo = open_repo(repo_spec, create=False)
+    record = published_version_at(repo, repo.resolve(layout.MAIN))
+    if record is None:
+        raise ConfigError("main's head is not a published version: run `tokenlake curate` first")
+    if version is not None and repo.resolve(version) != record.commit:
+        raise ConfigError(
+            f"{version} is not main's newest version ({record.tag}): a safety-only run builds on "
+            f"main's head; roll main back to {version} first (`tokenlake rollback`), or name {record.tag}"
+        )
+    configs = {"ingest": params.ingest, "validate": params.validation, "dedup": params.dedup}
+    input_commit = ""
+    for stage in REUSED_BEFORE_SAFETY:
+        link = record.link(stage)
+        key = stage_cache_key(stage, repo_spec, input_commit, configs[stage])
+        if link is None or link.key != key:
+            raise ConfigError(
+                f"this config does not reproduce {record.tag}'s {stage} stage (its settings, its code or, "
+                f"for ingest, its source files differ), so it would run again: use `tokenlake curate` for that"
+            )
+        input_commit = link.commit
+    return record

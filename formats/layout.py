@@ -6,6 +6,10 @@ repository through this module (DESIGN.md section 3), so moving one is one edit 
     raw/<source>/part-NNNNN.parquet                  ingested documents
     filtered/<source>/part-NNNNN.parquet             passed the quality stage (+ signal columns)
     dedup/<source>/part-NNNNN.parquet                survivors (+ cluster size, sampling weight)
+    safe/<source>/part-NNNNN.parquet                 after the safety stage: not blocked, not contaminated, redacted
+    eval_sets/<name>/<file>                          the benchmark files the safety stage decontaminated against
+    eval_sets/<name>/spec.json                       ... their fields, n-gram size and counts
+    blocklists/<name>.txt                            the URL/domain blocklists the safety stage applied
     quarantine/<stage>/<source>/part-NNNNN.parquet   rejected documents + reason
     index/minhash/...                                LSH keys of every published document
     tokenizer/tokenizer.json
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-STAGES = ("ingest", "validate", "dedup", "shard", "mix")
+STAGES = ("ingest", "validate", "dedup", "safety", "shard", "mix")
 """The curate stages in pipeline order; each reads what the one before it committed."""
 
 # ---- branches ------------------------------------------------------------------------------
@@ -53,8 +57,9 @@ PUBLISH_GUARD_SCRIPT = "_tokenlake/hooks/publish_gates.lua"
 RAW = "raw"
 FILTERED = "filtered"
 DEDUP = "dedup"
+SAFE = "safe"
 QUARANTINE = "quarantine"
-DOCUMENTS = {"ingest": RAW, "validate": FILTERED, "dedup": DEDUP}
+DOCUMENTS = {"ingest": RAW, "validate": FILTERED, "dedup": DEDUP, "safety": SAFE}
 """The folder of documents each document stage writes (and the next stage reads)."""
 
 
@@ -77,6 +82,20 @@ SCRATCH = "_scratch"  # a stage's intermediate files on the run branch, removed 
 
 def scratch_folder(stage: str) -> str:
     return f"{SCRATCH}/{stage}"
+
+
+# ---- what the safety stage checked against: benchmark sets and blocklists --------------------
+
+EVAL_SETS = "eval_sets"
+BLOCKLISTS = "blocklists"
+
+
+def eval_set_folder(name: str) -> str:
+    return f"{EVAL_SETS}/{name}"
+
+
+def blocklist_path(name: str) -> str:
+    return f"{BLOCKLISTS}/{name}.txt"
 
 
 # ---- dedup index, tokenizer, shards, mix ---------------------------------------------------

@@ -57,9 +57,8 @@ from curate_support import (
 )
 
 from flows.wap import LOCK_CANDIDATE_SUFFIX, MAIN, PUBLISH_LOCK_BRANCH, RUN_BRANCH_PREFIX, PublishRecord
+from formats.layout import STAGES
 from versioning.local import LocalRepo
-
-STAGES = ("ingest", "validate", "dedup", "shard", "mix")
 
 
 class MainWatcher:

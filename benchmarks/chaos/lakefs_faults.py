@@ -42,7 +42,7 @@ from common import machine, write_results
 from curate_support import content, differences, duplicated_documents, prefect_server, write_demo_config
 
 REPOSITORY_PREFIX = "sweep"
-OUTAGE_TRIGGER_STAGE = "dedup"  # the run branch's head while the shard stage writes
+OUTAGE_TRIGGER_STAGE = "safety"  # the run branch's head while the shard stage writes
 
 
 class RetryCounter(logging.Handler):

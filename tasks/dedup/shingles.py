@@ -28,11 +28,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tasks.text_bytes import large_strings, mix64, runs, span_hashes, utf8_bytes
+
 SHINGLE_VERSION = 1
 """Bump when the shingles or their hashes change: signatures stored in the index depend on them."""
 
-_UINT64_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 # one odd multiplier per position inside a shingle (splitmix64 outputs, forced odd)
 _POSITION_MULTIPLIERS = np.array(
     [
@@ -48,36 +48,6 @@ _POSITION_MULTIPLIERS = np.array(
     np.uint64,
 )
 MAX_NGRAM = len(_POSITION_MULTIPLIERS)
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a bijection of uint64 that spreads every input bit."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def utf8_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(all bytes as uint8, int64 offsets of each document), zero-copy where Arrow allows; nulls are ''."""
-    texts = _large_strings(texts)
-    _, offsets_buffer, data_buffer = texts.buffers()
-    offsets = np.frombuffer(offsets_buffer, np.int64, len(texts) + 1, texts.offset * 8)
-    start, stop = int(offsets[0]), int(offsets[-1])
-    data = (
-        np.frombuffer(data_buffer, np.uint8, stop - start, start) if stop > start else np.zeros(0, np.uint8)
-    )
-    return data, offsets - start
-
-
-def _large_strings(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """One contiguous ``large_string`` array without nulls (a null text is the empty text)."""
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
-    if texts.type != pa.large_string():
-        texts = texts.cast(pa.large_string())
-    return texts.fill_null("") if texts.null_count else texts
 
 
 def content_keys(texts: pa.Array) -> np.ndarray:
@@ -117,42 +87,9 @@ def _word_mask(data: np.ndarray) -> np.ndarray:
 
 def words(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(lowercased bytes, word starts, word ends, document of each word), words in text order."""
-    lowered = pc.utf8_lower(_large_strings(texts))
+    lowered = pc.utf8_lower(large_strings(texts))
     data, offsets = utf8_bytes(lowered)
-    word = _word_mask(data)
-    edges = np.diff(word.view(np.int8), prepend=np.int8(0), append=np.int8(0))
-    boundaries = np.flatnonzero(edges)  # words and gaps alternate: start, end, start, end, ...
-    starts, ends = boundaries[0::2], boundaries[1::2]
-    # a word running from the end of one document into the next is two words
-    inner = np.unique(offsets[1:-1])
-    inner = inner[(inner > 0) & (inner < len(data))]
-    glued = inner[word[inner] & word[inner - 1]]
-    if glued.size:
-        starts = np.insert(starts, np.searchsorted(starts, glued), glued)
-        ends = np.insert(ends, np.searchsorted(ends, glued), glued)
-    doc = np.searchsorted(offsets, starts, side="right") - 1
-    return data, starts, ends, doc
-
-
-def word_hashes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each word's bytes ``data[start:end]``."""
-    padded = np.zeros(len(data) + 8, np.uint8)
-    padded[: len(data)] = data
-    eight_bytes_at = np.ndarray(shape=(len(data) + 1,), dtype="<u8", buffer=padded, strides=(1,))
-    lengths = ends - starts
-    hashes = mix64(
-        (eight_bytes_at[starts] & _UINT64_MASKS[np.minimum(lengths, 8)])
-        ^ (lengths.astype(np.uint64) * _GOLDEN)
-    )
-    longer = np.flatnonzero(lengths > 8)
-    chunk = 1
-    while longer.size:
-        remaining = lengths[longer] - 8 * chunk
-        piece = eight_bytes_at[starts[longer] + 8 * chunk] & _UINT64_MASKS[np.minimum(remaining, 8)]
-        hashes[longer] = mix64(hashes[longer] ^ piece)
-        longer = longer[remaining > 8]
-        chunk += 1
-    return hashes
+    return (data, *runs(_word_mask(data), offsets))
 
 
 def shingle_hashes(texts: pa.Array, ngram: int) -> tuple[np.ndarray, np.ndarray]:
@@ -161,7 +98,7 @@ def shingle_hashes(texts: pa.Array, ngram: int) -> tuple[np.ndarray, np.ndarray]
         raise ValueError(f"ngram is {ngram}; it must be between 1 and {MAX_NGRAM}")
     data, starts, ends, doc = words(texts)
     n_docs = len(texts)
-    hashes = word_hashes(data, starts, ends)
+    hashes = span_hashes(data, starts, ends)
     per_doc = np.bincount(doc, minlength=n_docs)
     first_word = np.concatenate([[0], np.cumsum(per_doc)[:-1]])
 

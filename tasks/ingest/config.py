@@ -47,6 +47,11 @@ class SourceConfig(BaseModel):
         description="JSONL key or Parquet column holding the source's own document id; "
         "when set, the document id hashes it instead of the locator, so it survives re-splitting files.",
     )
+    url_field: str | None = Field(
+        default="url",
+        description="JSONL key or Parquet column of the document's URL, kept as meta.url (what the safety "
+        "stage's blocklists match); records without it simply have no URL. None: do not look.",
+    )
     reference: bool = Field(
         default=False, description="Documents of this source are positives for the quality classifier."
     )

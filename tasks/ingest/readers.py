@@ -63,11 +63,17 @@ def _jsonl_record(line: bytes, locator: str, source: SourceConfig) -> Record:
             locator, preview(line, 1000), "malformed_jsonl", f"a JSON {type(obj).__name__}, not an object"
         )
     return _field_record(
-        obj.get(source.text_field), obj.get(source.id_field) if source.id_field else None, locator, source
+        obj.get(source.text_field),
+        obj.get(source.id_field) if source.id_field else None,
+        locator,
+        source,
+        obj.get(source.url_field) if source.url_field else None,
     )
 
 
-def _field_record(text: object, source_id: object, locator: str, source: SourceConfig) -> Record:
+def _field_record(
+    text: object, source_id: object, locator: str, source: SourceConfig, url: object = None
+) -> Record:
     if text is None:
         return Record(locator, "", "missing_field", f"no value for text field {source.text_field!r}")
     if not isinstance(text, str):
@@ -79,7 +85,15 @@ def _field_record(text: object, source_id: object, locator: str, source: SourceC
         )
     if source.id_field and source_id is None:
         return Record(locator, text, "missing_field", f"no value for id field {source.id_field!r}")
-    return Record(locator, text, None, "", None if source_id is None else str(source_id), True)
+    return Record(
+        locator,
+        text,
+        None,
+        "",
+        None if source_id is None else str(source_id),
+        True,
+        {"url": url} if isinstance(url, str) and url else None,  # what the blocklists match
+    )
 
 
 def read_jsonl(source: SourceConfig, partition: Partition, config: IngestConfig) -> Iterator[Record]:
@@ -175,6 +189,8 @@ def read_parquet(source: SourceConfig, partition: Partition, config: IngestConfi
         return
     end = pf.num_row_groups if partition.end < 0 else partition.end
     columns = [c for c in (source.text_field, source.id_field) if c]
+    url_column = source.url_field if source.url_field in pf.schema_arrow.names else None
+    columns += [url_column] if url_column and url_column not in columns else []
     row = partition.first_line
     try:
         for batch in pf.iter_batches(
@@ -182,8 +198,9 @@ def read_parquet(source: SourceConfig, partition: Partition, config: IngestConfi
         ):
             texts = batch.column(source.text_field).to_pylist()
             ids = batch.column(source.id_field).to_pylist() if source.id_field else [None] * len(texts)
-            for text, source_id in zip(texts, ids, strict=True):
-                yield _field_record(text, source_id, f"{partition.rel}:{row}", source)
+            urls = batch.column(url_column).to_pylist() if url_column else [None] * len(texts)
+            for text, source_id, url in zip(texts, ids, urls, strict=True):
+                yield _field_record(text, source_id, f"{partition.rel}:{row}", source, url)
                 row += 1
     except Exception as exc:  # noqa: BLE001 - a corrupt row group: the rest of the partition is one record
         yield Record(f"{partition.rel}:{row}", "", "unreadable_file", f"read failed at row {row}: {exc}")

@@ -35,7 +35,7 @@ from tasks.tokenize import tokenizer_sha256 as sha256_of_tokenizer
 from versioning import DataRepo, DiskFull, NotFound
 from versioning.diskspace import disk_full_message, is_disk_full
 
-INPUT_PREFIX = layout.DEDUP
+INPUT_PREFIX = layout.SAFE
 REQUIRED_COLUMNS = ("id", "text")
 Progress = Callable[[float], None]  # fraction of the sources done, 0..1
 MANIFEST_ROWS = pa.schema(
@@ -163,7 +163,7 @@ def run_shard(
     sources = list_sources(repo, input_commit, INPUT_PREFIX)
     if not sources:
         raise ValueError(
-            f"no documents under {INPUT_PREFIX}/ at commit {input_commit}; run the dedup stage first"
+            f"no documents under {INPUT_PREFIX}/ at commit {input_commit}; run the safety stage first"
         )
     stage = StageWriter(repo, branch, STAGE, clear=[layout.SHARDS, layout.TOKENIZER_FOLDER])
     tokenizer_json, tokenizer_info = prepare_tokenizer(repo, branch, input_commit, sources, config)

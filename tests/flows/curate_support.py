@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from flows.artifacts import StageEvent, listening
 from flows.params import CurateParams
+from formats.layout import STAGES
 from versioning import DataRepo
 
 _NOUNS = [
@@ -103,6 +104,27 @@ _ADJECTIVES = [
     "silent",
 ]
 _LINKS = ["and", "but", "while", "because", "although", "so", "when", "after"]
+
+
+FILES_SOURCES_TOML = """
+[[ingest.sources]]
+name = "prose"
+kind = "prose"
+format = "files"
+path = "sources/prose"
+
+[[ingest.sources]]
+name = "code"
+kind = "code"
+format = "files"
+path = "sources/code"
+"""
+"""The two sources write_corpus writes, as a curate TOML's [[ingest.sources]] (paths relative to tmp_path)."""
+
+
+def ran_from(stage: str) -> dict[str, str]:
+    """The stage outcomes of a run that reuses every stage before ``stage`` and runs the rest."""
+    return {s: "reused" if i < STAGES.index(stage) else "ran" for i, s in enumerate(STAGES)}
 
 
 def sentence(rng: random.Random) -> str:

@@ -12,24 +12,14 @@ import pytest
 
 from flows.cli import main
 from flows.params import CurateParams
-from tests.flows.curate_support import write_corpus
+from tests.flows.curate_support import FILES_SOURCES_TOML, write_corpus
 from versioning.local import LocalRepo
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-CONFIG = """
-[[ingest.sources]]
-name = "prose"
-kind = "prose"
-format = "files"
-path = "sources/prose"
-
-[[ingest.sources]]
-name = "code"
-kind = "code"
-format = "files"
-path = "sources/code"
-
+CONFIG = (
+    FILES_SOURCES_TOML
+    + """
 [shards]
 vocab_size = 300
 seq_len = 64
@@ -41,6 +31,7 @@ min_documents = 10
 spec = "repo"
 results = "results"
 """
+)
 
 
 def test_curate_from_a_toml_file_then_list_the_published_version(tmp_path, capsys, monkeypatch):
@@ -54,7 +45,14 @@ def test_curate_from_a_toml_file_then_list_the_published_version(tmp_path, capsy
     assert main(["curate", "--config", str(config), "--json"]) == 0
     made = json.loads(capsys.readouterr().out)
     assert made["new"] and made["tag"].startswith("ds-")
-    assert [row["stage"] for row in made["stages"]] == ["ingest", "validate", "dedup", "shard", "mix"]
+    assert [row["stage"] for row in made["stages"]] == [
+        "ingest",
+        "validate",
+        "dedup",
+        "safety",
+        "shard",
+        "mix",
+    ]
 
     assert main(["--repo", str(tmp_path / "repo"), "datasets", "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)

@@ -87,6 +87,7 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
         "ingest": params.ingest,
         "validate": params.validation,
         "dedup": params.dedup,
+        "safety": params.safety,
         "shard": params.shards,
         "mix": params.mix,
     }
@@ -135,6 +136,7 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
         "ingest": "reused",
         "validate": "reused",
         "dedup": "reused",
+        "safety": "reused",
         "shard": "ran",
         "mix": "ran",
     }
@@ -152,6 +154,7 @@ def test_publish_rerun_change_one_stage_and_a_failing_gate(tmp_path, monkeypatch
         "ingest": "reused",
         "validate": "reused",
         "dedup": "ran",
+        "safety": "ran",
         "shard": "ran",
         "mix": "ran",
     }

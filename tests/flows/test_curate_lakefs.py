@@ -58,7 +58,7 @@ def _outage_mid_shard(double: LakeFSDouble, probe: LakeFSRepo, done: threading.E
                 branch
                 for branch, head in probe.list_branches().items()
                 if branch.startswith(RUN_BRANCH_PREFIX)
-                and probe.get_commit(head).metadata.get("stage") == "dedup"
+                and probe.get_commit(head).metadata.get("stage") == "safety"  # the stage before shard
                 and probe.exists(branch, "tokenizer/tokenizer.json")
             ]
         except NotFound:  # the repository or the branch does not exist (yet, or any more)

@@ -108,14 +108,14 @@ def test_a_custom_run_completes_and_a_failed_run_retried_reuses_its_finished_sta
         client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry", message="Retry from the UI"))
     assert final_state(run.id, not_before_run=2).is_completed()
     retried = _task_states(run.id, attempt=2)
-    assert {s: retried[s] for s in ("ingest", "validate", "dedup")} == dict.fromkeys(
-        ("ingest", "validate", "dedup"), "Cached"
+    assert {s: retried[s] for s in ("ingest", "validate", "dedup", "safety")} == dict.fromkeys(
+        ("ingest", "validate", "dedup", "safety"), "Cached"
     )
     assert retried["shard"] == retried["mix"] == "Completed"
     with get_client(sync_client=True) as client:
         every = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
-    # the failed attempt: open-run-branch + ingest..shard; the retry: open-run-branch + 5 stages + publish
-    assert len(every) == 5 + 7, sorted(r.name for r in every)
+    # the failed attempt: open-run-branch + ingest..shard; the retry: open-run-branch + 6 stages + publish
+    assert len(every) == 6 + 8, sorted(r.name for r in every)
     assert len([t for t in repo.list_tags() if t.startswith("ds-")]) == 2
 
 

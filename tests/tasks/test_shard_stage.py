@@ -82,7 +82,7 @@ def put_parts(repo: DataRepo, branch: str, source: str, tables: list[pa.Table]) 
     for i, table in enumerate(tables):
         buffer = io.BytesIO()
         pq.write_table(table, buffer)
-        repo.put(branch, f"dedup/{source}/part-{i:05d}.parquet", buffer.getvalue())
+        repo.put(branch, f"safe/{source}/part-{i:05d}.parquet", buffer.getvalue())
 
 
 def build_dedup_repo(root: Path) -> tuple[LocalRepo, str]:
@@ -112,7 +112,7 @@ def sharded(tmp_path_factory):
 
 
 def source_documents(repo: DataRepo, ref: str, source: str) -> list[str]:
-    return [t for table in read_parts(repo, ref, f"dedup/{source}") for t in table.column("text").to_pylist()]
+    return [t for table in read_parts(repo, ref, f"safe/{source}") for t in table.column("text").to_pylist()]
 
 
 def test_decoded_shards_are_exactly_the_documents_token_stream(sharded) -> None:
@@ -255,11 +255,11 @@ def test_a_version_with_no_tokens_at_all_fails_the_gate_and_commits_nothing(tmp_
     assert repo.resolve("curate-1") == input_commit
 
 
-def test_missing_dedup_output_fails_fast(tmp_path) -> None:
+def test_missing_safety_output_fails_fast(tmp_path) -> None:
     repo = LocalRepo(tmp_path / "repo")
     repo.ensure()
     head = repo.resolve("main")
-    with pytest.raises(ValueError, match="no documents under dedup/ at commit .* run the dedup stage first"):
+    with pytest.raises(ValueError, match="no documents under safe/ at commit .* run the safety stage first"):
         run_stage(run_shard, repo, "main", head, SMALL)
 
 
@@ -268,7 +268,7 @@ def test_a_part_without_a_text_column_is_named(tmp_path) -> None:
     repo.ensure()
     put_parts(repo, "main", "web", [pa.table({"id": ["a"], "body": ["x"]})])
     head = repo.commit("main", "bad dedup").id
-    with pytest.raises(ValueError, match="dedup/web/part-00000.parquet lacks column"):
+    with pytest.raises(ValueError, match="safe/web/part-00000.parquet lacks column"):
         run_stage(run_shard, repo, "main", head, SMALL)
 
 

@@ -1,0 +1,215 @@
+"""Benchmark decontamination: the word n-grams of every benchmark item as a sorted array of
+64-bit hashes, and the documents that share one.
+
+Memory: 8 bytes per distinct n-gram for the hash plus 4 for the index of the item that holds
+it (the detail names the item), 12 bytes in all, plus a 16 MiB bitmap of hash prefixes that
+spares most lookups the binary search: a 10 M n-gram set takes about 137 MB
+(``benchmarks/safety.py`` prints the measured figure). A lookup is ``np.searchsorted`` over
+every n-gram of a batch at once. A false match needs two different n-grams with the same
+64-bit hash: for a 10 M set that is about 5e-13 per n-gram checked.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.safety.config import BenchmarkConfig, DecontaminationConfig
+from tasks.safety.words import batch_words, ngram_hashes, string_hashes, text_words
+from tasks.stage import ConfigError
+
+PREFIX_BITS = 24
+
+
+class BenchmarkError(ConfigError):
+    """A benchmark file that cannot be used as configured; the message names what to fix."""
+
+
+def read_items(benchmark: BenchmarkConfig) -> tuple[list[str], list[str]]:
+    """``(item ids, item texts)`` of a benchmark file (its fields' strings joined by spaces)."""
+    path = Path(benchmark.path)
+    if not path.is_file():
+        raise BenchmarkError(f"benchmark {benchmark.name!r}: file {benchmark.path} does not exist")
+    wanted = [*benchmark.fields, *([benchmark.id_field] if benchmark.id_field else [])]
+    if benchmark.format == "parquet":
+        table = pq.read_table(path)
+        missing = [f for f in wanted if f not in table.column_names]
+        if missing:
+            raise BenchmarkError(
+                f"benchmark {benchmark.name!r}: {path.name} has no column {missing[0]!r} "
+                f"(columns: {', '.join(table.column_names)})"
+            )
+        records = table.select(wanted).to_pylist()
+    else:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as lines:
+            records = []
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise BenchmarkError(
+                        f"benchmark {benchmark.name!r}: line {number} of {path.name} is not JSON"
+                    ) from None
+        for field_name in wanted:
+            if records and all(field_name not in r for r in records):
+                raise BenchmarkError(
+                    f"benchmark {benchmark.name!r}: no record of {path.name} has field {field_name!r} "
+                    f"(fields: {', '.join(sorted(records[0]))})"
+                )
+    ids, texts = [], []
+    for number, record in enumerate(records):
+        ids.append(str(record.get(benchmark.id_field)) if benchmark.id_field else str(number))
+        texts.append(" ".join(_strings([record.get(f) for f in benchmark.fields])))
+    return ids, texts
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    return [] if value is None else [str(value)]
+
+
+@dataclass
+class BenchmarkSet:
+    """The n-grams of every configured benchmark: ``hashes`` sorted, ``items[i]`` the global
+    item index of ``hashes[i]`` (the first item that holds it)."""
+
+    n: int
+    names: list[str]  # benchmark of each global item range
+    item_starts: np.ndarray  # global index of each benchmark's first item
+    item_ids: list[str]
+    hashes: np.ndarray = field(repr=False)
+    items: np.ndarray = field(repr=False)
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, config: DecontaminationConfig) -> BenchmarkSet:
+        names, starts, all_ids, all_hashes, all_items, facts = [], [], [], [], [], {}
+        for benchmark in config.benchmarks:
+            ids, texts = read_items(benchmark)
+            words = batch_words(pa.array(texts, pa.string()))
+            lengths = words.lengths(len(texts))
+            grams, starts_at = ngram_hashes(words.hashes, words.text_of, config.ngram)
+            item_of = words.text_of[starts_at]
+            names.append(benchmark.name)
+            starts.append(len(all_ids))
+            all_hashes.append(grams)
+            all_items.append((item_of + len(all_ids)).astype(np.uint32))
+            digest = hashlib.sha256(Path(benchmark.path).read_bytes()).hexdigest()
+            facts[benchmark.name] = {
+                "file": Path(benchmark.path).name,
+                "sha256": digest,
+                "items": len(texts),
+                "items_shorter_than_ngram": int((lengths < config.ngram).sum()),
+                "ngrams": len(grams),
+            }
+            all_ids += ids
+        hashes = np.concatenate(all_hashes) if all_hashes else np.empty(0, np.uint64)
+        items = np.concatenate(all_items) if all_items else np.empty(0, np.uint32)
+        hashes, first = np.unique(hashes, return_index=True)  # sorted; first item per n-gram
+        return cls(config.ngram, names, np.asarray(starts, np.int64), all_ids, hashes, items[first], facts)
+
+    def __post_init__(self) -> None:
+        # a bitmap of the hashes' top PREFIX_BITS bits: most n-grams of a document leave at one
+        # gather, and only the rest are binary-searched (16 MiB; a set of 10 M fills under half of it)
+        self.prefixes = np.zeros(1 << PREFIX_BITS, bool)
+        self.prefixes[self.hashes >> np.uint64(64 - PREFIX_BITS)] = True
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.hashes.nbytes + self.items.nbytes + self.prefixes.nbytes)
+
+    def item(self, index: int) -> tuple[str, str]:
+        """(benchmark name, item id) of a global item index."""
+        which = int(np.searchsorted(self.item_starts, index, side="right")) - 1
+        return self.names[which], self.item_ids[index]
+
+    def lookup(self, grams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(hit mask, item index of each hit)`` of ``grams``."""
+        if len(self.hashes) == 0 or len(grams) == 0:
+            return np.zeros(len(grams), bool), np.empty(0, np.int64)
+        hit = self.prefixes[grams >> np.uint64(64 - PREFIX_BITS)]
+        candidates = np.flatnonzero(hit)
+        at = np.minimum(np.searchsorted(self.hashes, grams[candidates]), len(self.hashes) - 1)
+        found = self.hashes[at] == grams[candidates]
+        hit[candidates[~found]] = False
+        return hit, self.items[at[found]].astype(np.int64)
+
+
+@dataclass
+class Contamination:
+    """What one batch shares with the benchmarks: per text, its first match as a detail, and the
+    benchmarks it matched."""
+
+    detail: dict[int, str] = field(default_factory=dict)  # text index -> detail of its first match
+    benchmarks: dict[int, set[str]] = field(default_factory=dict)
+    ngrams: Counter = field(default_factory=Counter)  # benchmark -> n-grams matched
+
+
+def find_contamination(texts: pa.Array, benchmarks: BenchmarkSet) -> Contamination:
+    """Every text that shares an n-gram with a benchmark item."""
+    found = Contamination()
+    if len(benchmarks.hashes) == 0 or len(texts) == 0:
+        return found
+    words = batch_words(texts)
+    grams, starts = ngram_hashes(words.hashes, words.text_of, benchmarks.n)
+    hit, items = benchmarks.lookup(grams)
+    if not hit.any():
+        return found
+    for start, item in zip(starts[hit].tolist(), items.tolist(), strict=True):
+        text = int(words.text_of[start])
+        name, item_id = benchmarks.item(item)
+        found.ngrams[name] += 1
+        found.benchmarks.setdefault(text, set()).add(name)
+        if text not in found.detail:
+            ngram = words.spell(start, benchmarks.n)
+            found.detail[text] = f"benchmark {name} item {item_id}: shares the {benchmarks.n}-gram {ngram!r}"
+    return found
+
+
+def remove_spans(text: str, benchmarks: BenchmarkSet) -> tuple[str, int]:
+    """``(text without the words of every matching n-gram, spans cut)``; each cut span becomes
+    one space. Zero spans means Python's words did not reproduce the match (the caller then
+    quarantines the document rather than keep it)."""
+    matches = text_words(text)
+    if len(matches) < benchmarks.n:
+        return text, 0
+    hashes = string_hashes(pa.array([m.group().lower() for m in matches], pa.string()))
+    grams, starts = ngram_hashes(hashes, np.zeros(len(matches), np.int64), benchmarks.n)
+    hit, _ = benchmarks.lookup(grams)
+    covered = np.zeros(len(matches) + 1, np.int64)
+    for start in starts[hit].tolist():
+        covered[start] += 1
+        covered[start + benchmarks.n] -= 1
+    inside = np.cumsum(covered)[:-1] > 0
+    if not inside.any():
+        return text, 0
+    pieces, last, spans, word = [], 0, 0, 0
+    while word < len(matches):
+        if not inside[word]:
+            word += 1
+            continue
+        first = word
+        while word < len(matches) and inside[word]:
+            word += 1
+        pieces.append(text[last : matches[first].start()])
+        last = matches[word - 1].end()
+        spans += 1
+    pieces.append(text[last:])
+    return " ".join(p.strip() for p in pieces if p.strip()), spans

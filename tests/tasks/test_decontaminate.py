@@ -1,0 +1,247 @@
+"""Benchmark decontamination: planted contamination (exact, case and whitespace changed, inside a
+long document), a near miss, precision and recall on a generated corpus, the remove-span mode,
+the stage on a real local repository, and `tokenlake decontaminate` on a published version."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from tasks.safety.config import BenchmarkConfig, DecontaminationConfig, SafetyConfig
+from tasks.safety.decontaminate import BenchmarkError, BenchmarkSet
+from tasks.safety.screen import SafetyChecks, apply_safety
+from tests.tasks.safety_support import documents
+
+VOCABULARY = [f"tok{i}" for i in range(5_000)]
+
+
+def words(rng: random.Random, count: int) -> list[str]:
+    return [rng.choice(VOCABULARY) for _ in range(count)]
+
+
+def write_benchmark(path: Path, items: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(item) + "\n" for item in items))
+    return path
+
+
+def checks_for(tmp_path: Path, items: list[dict], mode: str = "quarantine", ngram: int = 13) -> SafetyChecks:
+    bench = write_benchmark(tmp_path / "qa.jsonl", items)
+    config = SafetyConfig(
+        decontamination=DecontaminationConfig(
+            benchmarks=[
+                BenchmarkConfig(name="qa", path=str(bench), fields=["question", "choices"], id_field="id")
+            ],
+            ngram=ngram,
+            mode=mode,
+        )
+    )
+    return SafetyChecks(config, BenchmarkSet.build(config.decontamination))
+
+
+QUESTION = (
+    "Which of the following best describes the role of mitochondria in a eukaryotic cell during respiration"
+)
+ITEM = {"id": "bio-17", "question": QUESTION, "choices": ["energy production", "protein folding"]}
+
+
+def test_planted_contamination_exact_case_whitespace_and_inside_a_long_document(tmp_path):
+    rng = random.Random(0)
+    checks = checks_for(tmp_path, [ITEM, {"id": "x-1", "question": " ".join(words(rng, 30)), "choices": []}])
+    shouty = "  WHICH of THE following\n\nbest   describes the ROLE of mitochondria, in a eukaryotic cell!!"
+    long_doc = " ".join(words(rng, 5_000)) + f" {QUESTION.upper()} " + " ".join(words(rng, 5_000))
+    clean = " ".join(words(rng, 400))
+    kept, quarantined, stats = apply_safety(documents([QUESTION, shouty, long_doc, clean]), checks)
+
+    assert kept.column("id").to_pylist() == ["id3"]
+    assert quarantined.column("id").to_pylist() == ["id0", "id1", "id2"]
+    assert set(quarantined.column("reason").to_pylist()) == {"contaminated"}
+    detail = quarantined.column("detail")[1].as_py()
+    assert "benchmark qa" in detail and "item bio-17" in detail and "13-gram" in detail
+    assert "'which of the following best describes the role of mitochondria in a eukaryotic'" in detail
+    assert stats.contaminated == {"qa": 3}
+
+
+def test_a_near_miss_shares_no_13_gram_and_is_kept(tmp_path):
+    checks = checks_for(tmp_path, [ITEM])
+    question = QUESTION.split()
+    # every run of 12 benchmark words is broken by a changed word: 12-grams shared, no 13-gram
+    near = " ".join(question[:12] + ["chloroplasts"] + question[13:])
+    short = " ".join(question[:12])  # 12 words of the item, then other text
+    kept, quarantined, _ = apply_safety(
+        documents([near, short + " and then something else entirely"]), checks
+    )
+    assert kept.num_rows == 2 and quarantined.num_rows == 0
+    # the same text with n = 12 does match: the test above is about the size, not the words
+    twelve = checks_for(tmp_path, [ITEM], ngram=12)
+    _, quarantined, _ = apply_safety(documents([near]), twelve)
+    assert quarantined.column("reason").to_pylist() == ["contaminated"]
+
+
+def test_precision_and_recall_on_a_generated_corpus(tmp_path):
+    rng = random.Random(7)
+    items = [
+        {"id": f"q{i}", "question": " ".join(words(rng, 40)), "choices": words(rng, 4)} for i in range(200)
+    ]
+    checks = checks_for(tmp_path, items)
+    texts, truth = [], []
+    for _ in range(1_500):
+        body = words(rng, rng.randint(50, 600))
+        planted = rng.random() < 0.1
+        if planted:  # a 13- to 40-word run of an item, case and spacing changed, somewhere inside
+            item = rng.choice(items)["question"].split()
+            start = rng.randint(0, len(item) - 13)
+            run = item[start : start + rng.randint(13, len(item) - start)]
+            run = [w.upper() if rng.random() < 0.3 else w for w in run]
+            at = rng.randint(0, len(body))
+            body = body[:at] + ["\n", *run, ",  "] + body[at:]
+        elif rng.random() < 0.1:  # a near miss: 12 words of an item only
+            item = rng.choice(items)["question"].split()
+            at = rng.randint(0, len(body))
+            body = body[:at] + item[:12] + body[at:]
+        texts.append(" ".join(body))
+        truth.append(planted)
+    _, quarantined, _ = apply_safety(documents(texts), checks)
+    flagged = {int(i.removeprefix("id")) for i in quarantined.column("id").to_pylist()}
+    planted = {i for i, t in enumerate(truth) if t}
+    precision = len(flagged & planted) / len(flagged)
+    recall = len(flagged & planted) / len(planted)
+    assert len(planted) > 100
+    assert (precision, recall) == (1.0, 1.0)
+
+
+def test_remove_mode_cuts_the_matching_span_and_keeps_the_rest(tmp_path):
+    rng = random.Random(3)
+    checks = checks_for(tmp_path, [ITEM], mode="remove")
+    before, after = " ".join(words(rng, 50)), " ".join(words(rng, 50))
+    text = f"{before}\n{QUESTION.lower()}? {after}"
+    kept, quarantined, stats = apply_safety(documents([text, QUESTION]), checks)
+    assert kept.column("text").to_pylist() == [f"{before} ? {after}"], "the words go, the rest stays"
+    assert stats.spans_removed == 1 and stats.documents_cut == 1
+    # a document that is nothing but the item has nothing left: quarantined
+    assert quarantined.column("reason").to_pylist() == ["contaminated"]
+    assert "nothing left" in quarantined.column("detail")[0].as_py()
+    # what was kept no longer shares an n-gram with the benchmark
+    _, again, _ = apply_safety(kept, checks)
+    assert again.num_rows == 0
+
+
+def test_memory_is_twelve_bytes_per_distinct_ngram_and_a_prefix_bitmap(tmp_path):
+    rng = random.Random(1)
+    items = [{"id": str(i), "question": " ".join(words(rng, 100)), "choices": []} for i in range(100)]
+    benchmarks = checks_for(tmp_path, items).benchmarks
+    assert benchmarks is not None
+    assert len(benchmarks.hashes) == 100 * (100 - 13 + 1)
+    assert benchmarks.nbytes == 12 * len(benchmarks.hashes) + (1 << 24)
+    assert benchmarks.facts["qa"]["items"] == 100
+
+
+def test_a_missing_file_or_field_fails_with_one_sentence(tmp_path):
+    missing = DecontaminationConfig(
+        benchmarks=[BenchmarkConfig(name="qa", path=str(tmp_path / "no.jsonl"), fields=["q"])]
+    )
+    with pytest.raises(BenchmarkError, match=r"benchmark 'qa': file .*no.jsonl does not exist"):
+        BenchmarkSet.build(missing)
+    bench = write_benchmark(tmp_path / "qa.jsonl", [ITEM])
+    wrong = DecontaminationConfig(benchmarks=[BenchmarkConfig(name="qa", path=str(bench), fields=["prompt"])])
+    with pytest.raises(BenchmarkError, match="no record of qa.jsonl has field 'prompt'"):
+        BenchmarkSet.build(wrong)
+
+
+def test_parquet_benchmarks_read_the_named_columns(tmp_path):
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "qa.parquet"
+    pq.write_table(pa.table({"uid": ["p1"], "prompt": [QUESTION], "answer": ["energy"]}), path)
+    config = DecontaminationConfig(
+        benchmarks=[BenchmarkConfig(name="pq", path=str(path), fields=["prompt"], id_field="uid")]
+    )
+    checks = SafetyChecks(SafetyConfig(decontamination=config), BenchmarkSet.build(config))
+    _, quarantined, _ = apply_safety(documents([f"intro. {QUESTION}. outro"]), checks)
+    assert "benchmark pq item p1" in quarantined.column("detail")[0].as_py()
+    with pytest.raises(BenchmarkError, match="has no column 'question'"):
+        BenchmarkSet.build(
+            DecontaminationConfig(
+                benchmarks=[BenchmarkConfig(name="pq", path=str(path), fields=["question"])]
+            )
+        )
+
+
+# what follows the two sources of curate_support.FILES_SOURCES_TOML in the test's curate config
+CURATE_TOML_AFTER_FILES = """
+[[ingest.sources]]
+name = "web"
+kind = "prose"
+format = "jsonl"
+path = "sources/web.jsonl"
+
+[safety.pii]
+enabled = true
+
+[[safety.blocklist.lists]]
+name = "spam"
+path = "blocked_domains.txt"
+kind = "domains"
+
+[shards]
+vocab_size = 300
+seq_len = 64
+tokenizer_sample_mb = 1.0
+
+[gates]
+min_documents = 10
+min_tokens = 1000
+
+[repository]
+spec = "repo"
+results = "results"
+
+[retry]
+backoff_seconds = 0.05
+"""
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_decontaminate_command_on_a_published_version_reuses_ingest_validate_dedup(
+    tmp_path, monkeypatch, capsys
+):
+    from flows.cli import main
+    from tests.flows.curate_support import FILES_SOURCES_TOML, column, ran_from, stage_outcomes
+    from tests.flows.test_curate_safety import write_safety_corpus
+    from versioning.local import LocalRepo
+
+    monkeypatch.setenv("TOKENLAKE_HOME", str(tmp_path / "home"))
+    write_safety_corpus(tmp_path)
+    config = tmp_path / "curate.toml"
+    config.write_text(FILES_SOURCES_TOML + CURATE_TOML_AFTER_FILES)
+    assert main(["curate", "--config", str(config), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    repo = LocalRepo(tmp_path / "repo")
+    assert list(repo.list(first["tag"], "eval_sets/")) == []
+
+    benchmarks = tmp_path / "bench" / "new.toml"
+    benchmarks.write_text(
+        '[[benchmarks]]\nname = "opera"\npath = "opera.jsonl"\nfields = ["prompt"]\nid_field = "uid"\n'
+    )
+    command = ["decontaminate", "--config", str(config), "--benchmarks", str(benchmarks)]
+    with stage_outcomes() as outcomes:
+        assert main([*command, "--version", first["tag"], "--json"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert outcomes == ran_from("safety")
+    assert second["new"] and second["tag"] != first["tag"]
+    assert [s.path for s in repo.list(second["tag"], "eval_sets/")] == [
+        "eval_sets/opera/opera.jsonl",
+        "eval_sets/opera/spec.json",
+    ], "the version records the set it was decontaminated against"
+    details = column(repo, second["tag"], "quarantine/safety/web/", "detail")
+    assert sum("benchmark opera item op-9" in d for d in details) == 2
+
+    # an older tag, or a config that changes an earlier stage, is refused with one sentence
+    assert main([*command, "--version", first["tag"]]) == 2
+    assert f"{first['tag']} is not main's newest version" in capsys.readouterr().err
+    config.write_text(FILES_SOURCES_TOML + CURATE_TOML_AFTER_FILES + "\n[dedup]\nthreshold = 0.7\n")
+    assert main(command) == 2
+    assert "does not reproduce ds-" in capsys.readouterr().err
