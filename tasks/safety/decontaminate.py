@@ -23,11 +23,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.safety import scan
 from tasks.safety.config import BenchmarkConfig, DecontaminationConfig
-from tasks.safety.words import batch_words, ngram_hashes, string_hashes, text_words
+from tasks.safety.words import LOWER_WORD, BatchBytes, batch_bytes, string_hashes, text_words
 from tasks.stage import ConfigError
 
 PREFIX_BITS = 24
+PREFIX_SHIFT = np.uint64(64 - PREFIX_BITS)
 
 
 class BenchmarkError(ConfigError):
@@ -103,10 +105,10 @@ class BenchmarkSet:
         names, starts, all_ids, all_hashes, all_items, facts = [], [], [], [], [], {}
         for benchmark in config.benchmarks:
             ids, texts = read_items(benchmark)
-            words = batch_words(pa.array(texts, pa.string()))
-            lengths = words.lengths(len(texts))
-            grams, starts_at = ngram_hashes(words.hashes, words.text_of, config.ngram)
-            item_of = words.text_of[starts_at]
+            batch = batch_bytes(pa.array(texts, pa.string()))
+            grams, item_of, lengths = scan.ngram_hashes(
+                batch.data, batch.offsets, config.ngram, LOWER_WORD, batch.lower
+            )
             names.append(benchmark.name)
             starts.append(len(all_ids))
             all_hashes.append(grams)
@@ -129,7 +131,7 @@ class BenchmarkSet:
         # a bitmap of the hashes' top PREFIX_BITS bits: most n-grams of a document leave at one
         # gather, and only the rest are binary-searched (16 MiB; a set of 10 M fills under half of it)
         self.prefixes = np.zeros(1 << PREFIX_BITS, bool)
-        self.prefixes[self.hashes >> np.uint64(64 - PREFIX_BITS)] = True
+        self.prefixes[self.hashes >> PREFIX_SHIFT] = True
 
     @property
     def nbytes(self) -> int:
@@ -140,16 +142,21 @@ class BenchmarkSet:
         which = int(np.searchsorted(self.item_starts, index, side="right")) - 1
         return self.names[which], self.item_ids[index]
 
-    def lookup(self, grams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(hit mask, item index of each hit)`` of ``grams``."""
-        if len(self.hashes) == 0 or len(grams) == 0:
-            return np.zeros(len(grams), bool), np.empty(0, np.int64)
-        hit = self.prefixes[grams >> np.uint64(64 - PREFIX_BITS)]
-        candidates = np.flatnonzero(hit)
-        at = np.minimum(np.searchsorted(self.hashes, grams[candidates]), len(self.hashes) - 1)
-        found = self.hashes[at] == grams[candidates]
-        hit[candidates[~found]] = False
-        return hit, self.items[at[found]].astype(np.int64)
+    def items_of(self, grams: np.ndarray) -> np.ndarray:
+        """The item index of each of ``grams`` (all in the set)."""
+        return self.items[np.searchsorted(self.hashes, grams)].astype(np.int64)
+
+    def matches(self, batch: BatchBytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(text, first word, hash)`` of every n-gram of ``batch`` that is in the set."""
+        capacity = 4096
+        while True:
+            count, text, word, grams = scan.find_ngrams(
+                batch.data, batch.offsets, self.n, LOWER_WORD, batch.lower,
+                self.prefixes, PREFIX_SHIFT, self.hashes, capacity,
+            )  # fmt: skip
+            if count <= capacity:
+                return text[:count], word[:count], grams[:count]
+            capacity = count
 
 
 @dataclass
@@ -167,18 +174,15 @@ def find_contamination(texts: pa.Array, benchmarks: BenchmarkSet) -> Contaminati
     found = Contamination()
     if len(benchmarks.hashes) == 0 or len(texts) == 0:
         return found
-    words = batch_words(texts)
-    grams, starts = ngram_hashes(words.hashes, words.text_of, benchmarks.n)
-    hit, items = benchmarks.lookup(grams)
-    if not hit.any():
-        return found
-    for start, item in zip(starts[hit].tolist(), items.tolist(), strict=True):
-        text = int(words.text_of[start])
+    batch = batch_bytes(texts)
+    hit_texts, first_words, grams = benchmarks.matches(batch)
+    items = benchmarks.items_of(grams).tolist()
+    for text, first, item in zip(hit_texts.tolist(), first_words.tolist(), items, strict=True):
         name, item_id = benchmarks.item(item)
         found.ngrams[name] += 1
         found.benchmarks.setdefault(text, set()).add(name)
         if text not in found.detail:
-            ngram = words.spell(start, benchmarks.n)
+            ngram = batch.spell(text, first, benchmarks.n)
             found.detail[text] = f"benchmark {name} item {item_id}: shares the {benchmarks.n}-gram {ngram!r}"
     return found
 
@@ -191,10 +195,9 @@ def remove_spans(text: str, benchmarks: BenchmarkSet) -> tuple[str, int]:
     if len(matches) < benchmarks.n:
         return text, 0
     hashes = string_hashes(pa.array([m.group().lower() for m in matches], pa.string()))
-    grams, starts = ngram_hashes(hashes, np.zeros(len(matches), np.int64), benchmarks.n)
-    hit, _ = benchmarks.lookup(grams)
+    hit = scan.grams_in_set(hashes, benchmarks.n, benchmarks.prefixes, PREFIX_SHIFT, benchmarks.hashes)
     covered = np.zeros(len(matches) + 1, np.int64)
-    for start in starts[hit].tolist():
+    for start in np.flatnonzero(hit).tolist():
         covered[start] += 1
         covered[start + benchmarks.n] -= 1
     inside = np.cumsum(covered)[:-1] > 0

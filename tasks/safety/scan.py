@@ -1,0 +1,237 @@
+"""Compiled passes (numba) over a batch's bytes: its words, their 64-bit hashes, the hash of
+every word n-gram, and which n-grams are in a benchmark set, text by text.
+
+The NumPy version this replaces made a dozen passes over every byte of the batch (Arrow's
+lower-casing of non-ASCII texts, a lower-casing table, word edges, span hashes 8 bytes at a
+time, a prefix sum of powers, the prefix bitmap, a binary search), each allocating arrays as
+large as the batch. Here a text is lower-cased into a buffer the size of the longest text
+(ASCII by a table, other characters by a table per code point made from Arrow's
+``utf8_lower``), its words hashed, its n-gram hashes rolled over the last ``n`` word hashes,
+all of them looked up in the prefix bitmap in one loop of independent loads, and the few that
+pass binary-searched in the sorted hashes.
+
+The hashes are those of :func:`tasks.text_bytes.span_hashes` (a word's bytes 8 at a time,
+mixed with its length, splitmix64's finaliser) and of a polynomial over the words,
+``sum_j w[i+j] * B**(n-1-j)`` mod 2**64, mixed once more, so a set built here matches words
+hashed anywhere else with the same functions. Compiled on first use and cached on disk
+(``cache=True``): ``benchmarks/safety.py`` reports the first call's compile time.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+MIX_2 = np.uint64(0x94D049BB133111EB)
+WORD_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd, so the n-gram polynomial is invertible mod 2**64
+S30, S27, S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+ONE = np.uint64(1)
+ZERO = np.uint64(0)
+
+
+@numba.njit(cache=True, inline="always")
+def _mix64(x):
+    x = x ^ (x >> S30)
+    x = x * MIX_1
+    x = x ^ (x >> S27)
+    x = x * MIX_2
+    return x ^ (x >> S31)
+
+
+@numba.njit(cache=True, inline="always")
+def _word_hash(lowered, start, end):
+    """``span_hashes`` of one span: the first 8 bytes with the length, then 8 bytes at a time."""
+    length = end - start
+    chunk = ZERO
+    for k in range(min(length, 8)):
+        chunk |= np.uint64(lowered[start + k]) << np.uint64(8 * k)
+    h = _mix64(chunk ^ (np.uint64(length) * GOLDEN))
+    at = start + 8
+    while at < end:
+        chunk = ZERO
+        for k in range(min(end - at, 8)):
+            chunk |= np.uint64(lowered[at + k]) << np.uint64(8 * k)
+        h = _mix64(h ^ chunk)
+        at += 8
+    return h
+
+
+@numba.njit(cache=True, inline="always")
+def _in_set(gram, hashes):
+    """Whether ``gram`` is in the sorted ``hashes`` (a binary search)."""
+    lo, hi = 0, len(hashes)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if hashes[mid] < gram:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo < len(hashes) and hashes[lo] == gram
+
+
+@numba.njit(cache=True, inline="always")
+def _lower_text(data, start, stop, table, lower, out):
+    """Write text ``data[start:stop]`` lower-cased into ``out``, every byte that is not in a
+    word 0; return its length there. ``table``: per ASCII byte, itself lower-cased if a letter
+    or digit, else 0. ``lower``: per code point, its lower-case code point if that is a letter
+    or digit, else -1."""
+    at, size = start, 0
+    while at < stop:
+        b = data[at]
+        if b < 0x80:
+            out[size] = table[b]
+            size += 1
+            at += 1
+            continue
+        width = 4 if b >= 0xF0 else 3 if b >= 0xE0 else 2 if b >= 0xC0 else 1
+        if width == 1 or at + width > stop:  # a stray continuation byte stays inside its word
+            out[size] = b
+            size += 1
+            at += 1
+            continue
+        point = np.int64(b) & (0x07 if width == 4 else 0x0F if width == 3 else 0x1F)
+        for k in range(1, width):
+            point = (point << 6) | (np.int64(data[at + k]) & 0x3F)
+        at += width
+        low = lower[min(point, 0x10FFFF)]
+        if low < 0:
+            out[size] = 0
+            size += 1
+        elif low < 0x80:
+            out[size] = low
+            size += 1
+        elif low < 0x800:
+            out[size], out[size + 1] = 0xC0 | (low >> 6), 0x80 | (low & 0x3F)
+            size += 2
+        elif low < 0x10000:
+            out[size], out[size + 1] = 0xE0 | (low >> 12), 0x80 | ((low >> 6) & 0x3F)
+            out[size + 2] = 0x80 | (low & 0x3F)
+            size += 3
+        else:
+            out[size], out[size + 1] = 0xF0 | (low >> 18), 0x80 | ((low >> 12) & 0x3F)
+            out[size + 2], out[size + 3] = 0x80 | ((low >> 6) & 0x3F), 0x80 | (low & 0x3F)
+            size += 4
+    return size
+
+
+@numba.njit(cache=True, inline="always")
+def _words(lowered, length, word_hash, word_start, word_end):
+    """The hashes and spans of the words (runs of non-zero bytes) of ``lowered[:length]``."""
+    at, words = 0, 0
+    while at < length:
+        if lowered[at] == 0:
+            at += 1
+            continue
+        first = at
+        while at < length and lowered[at] != 0:
+            at += 1
+        word_hash[words] = _word_hash(lowered, first, at)
+        word_start[words], word_end[words] = first, at
+        words += 1
+    return words
+
+
+@numba.njit(cache=True, inline="always")
+def _rolling_grams(word_hash, words, n, grams):
+    """``grams[i]``: the hash of words ``i .. i+n-1``; returns how many there are."""
+    top = ONE  # B**(n-1)
+    for _ in range(n - 1):
+        top *= WORD_BASE
+    rolling = ZERO
+    for i in range(words):
+        if i >= n:
+            rolling -= word_hash[i - n] * top
+        rolling = rolling * WORD_BASE + word_hash[i]
+        if i >= n - 1:
+            grams[i - n + 1] = _mix64(rolling)
+    return max(words - n + 1, 0)
+
+
+@numba.njit(cache=True, inline="always")
+def _buffers(offsets):
+    """Per-text scratch: lower-cased bytes (a character grows by a byte at most), and per word."""
+    size = 1
+    for t in range(len(offsets) - 1):
+        size = max(size, offsets[t + 1] - offsets[t])
+    words = size // 2 + 1
+    return (
+        np.empty(2 * size, np.uint8),
+        np.empty(words, np.uint64),
+        np.empty(words, np.int64),
+        np.empty(words, np.int64),
+        np.empty(words, np.uint64),
+    )
+
+
+@numba.njit(cache=True)
+def ngram_hashes(data, offsets, n, table, lower):
+    """``(hashes, text of each, words per text)`` of every n-gram inside one text (to build a set)."""
+    texts = len(offsets) - 1
+    lowered, word_hash, word_start, word_end, grams = _buffers(offsets)
+    words_per_text = np.zeros(texts, np.int64)
+    capacity = 1024
+    out_hashes = np.empty(capacity, np.uint64)
+    out_text = np.empty(capacity, np.int64)
+    count = 0
+    for t in range(texts):
+        length = _lower_text(data, offsets[t], offsets[t + 1], table, lower, lowered)
+        words = _words(lowered, length, word_hash, word_start, word_end)
+        total = _rolling_grams(word_hash, words, n, grams)
+        words_per_text[t] = words
+        if count + total > capacity:
+            capacity = max(2 * capacity, count + total)
+            more_hashes, more_text = np.empty(capacity, np.uint64), np.empty(capacity, np.int64)
+            more_hashes[:count], more_text[:count] = out_hashes[:count], out_text[:count]
+            out_hashes, out_text = more_hashes, more_text
+        out_hashes[count : count + total] = grams[:total]
+        out_text[count : count + total] = t
+        count += total
+    return out_hashes[:count].copy(), out_text[:count].copy(), words_per_text
+
+
+@numba.njit(cache=True)
+def find_ngrams(data, offsets, n, table, lower, prefixes, prefix_shift, hashes, capacity):
+    """The n-grams of a batch that are in the set: ``(count, text, first word, hash)`` of each;
+    ``count`` may exceed ``capacity``, and then only the first ``capacity`` are filled (the
+    caller calls again with room for all). The bitmap ``prefixes`` is read for all of a text's
+    n-grams in one loop of independent loads (they overlap), before any binary search."""
+    lowered, word_hash, word_start, word_end, grams = _buffers(offsets)
+    passed = np.empty(len(grams), np.bool_)
+    hit_text = np.empty(capacity, np.int64)
+    hit_word = np.empty(capacity, np.int64)
+    hit_hash = np.empty(capacity, np.uint64)
+    count = 0
+    for t in range(len(offsets) - 1):
+        length = _lower_text(data, offsets[t], offsets[t + 1], table, lower, lowered)
+        words = _words(lowered, length, word_hash, word_start, word_end)
+        total = _rolling_grams(word_hash, words, n, grams)
+        for i in range(total):
+            passed[i] = prefixes[grams[i] >> prefix_shift]
+        for i in range(total):
+            if passed[i] and _in_set(grams[i], hashes):
+                if count < capacity:
+                    hit_text[count], hit_word[count], hit_hash[count] = t, i, grams[i]
+                count += 1
+    return count, hit_text, hit_word, hit_hash
+
+
+@numba.njit(cache=True)
+def text_words(data, start, stop, table, lower):
+    """``(lower-cased bytes, word starts, word ends)`` of one text (to spell a match out)."""
+    lowered, word_hash, word_start, word_end, _ = _buffers(np.array([start, stop]))
+    length = _lower_text(data, start, stop, table, lower, lowered)
+    words = _words(lowered, length, word_hash, word_start, word_end)
+    return lowered[:length].copy(), word_start[:words].copy(), word_end[:words].copy()
+
+
+@numba.njit(cache=True)
+def grams_in_set(word_hashes, n, prefixes, prefix_shift, hashes):
+    """Per n-gram of one text's word hashes: whether it is in the set."""
+    grams = np.empty(len(word_hashes) + 1, np.uint64)
+    total = _rolling_grams(word_hashes, len(word_hashes), n, grams)
+    hit = np.zeros(total, np.bool_)
+    for i in range(total):
+        hit[i] = prefixes[grams[i] >> prefix_shift] and _in_set(grams[i], hashes)
+    return hit
