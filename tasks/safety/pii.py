@@ -1,10 +1,10 @@
 """Personal data and credentials in text: find them, replace each with a typed placeholder.
 
-Each type is a detector: an RE2 prefilter (all types' prefilters are one alternation that
-pyarrow runs over the whole batch at once: most documents contain nothing, and leave here
-after that one vectorised scan), then a Python pattern and a check on the windows around the
-prefilter's hits only (Luhn for cards, octet ranges for IPv4, ``ipaddress`` for IPv6, Shannon
-entropy for values of secret-like names).
+Each type is a detector: a prefilter (all types' prefilters are one Hyperscan database that
+scans the batch's bytes once, reporting each hit with its type: most documents contain
+nothing, and leave here after that one scan), then a Python pattern and a check on the windows
+around that type's hits only (Luhn for cards, octet ranges for IPv4, ``ipaddress`` for IPv6,
+Shannon entropy for values of secret-like names).
 
 Why not detect-secrets: its plugins scan line by line in Python, every plugin on every line;
 ``benchmarks/safety.py`` measures it on the same text, and it is too slow to run on every
@@ -22,6 +22,7 @@ secret-like name, no known prefix), and test fixtures (placeholder values such a
 from __future__ import annotations
 
 import bisect
+import functools
 import ipaddress
 import math
 import re
@@ -29,11 +30,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import hyperscan
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from tasks.safety import scan
 from tasks.safety.config import PiiConfig
+from tasks.text_bytes import utf8_bytes
 
 PLACEHOLDERS = {
     "email": "<EMAIL>",
@@ -60,16 +63,19 @@ SECRET_NAME = (
 
 @dataclass(frozen=True)
 class Detector:
-    """One type: ``prefilter`` (RE2, whole batch), ``pattern`` (Python, near the prefilter's hits
-    only), and ``span``: the part of a match that is redacted, or None when the check refuses it.
-    ``reach``: how far a match may start before a prefilter hit and end after it (chars), so the
-    Python pattern runs on those windows only; None: on the whole text."""
+    """One type: ``prefilter`` (Hyperscan, whole batch), ``pattern`` (Python, near the
+    prefilter's hits only), and ``span``: the part of a match that is redacted, or None when the
+    check refuses it. ``reach``: how far a match may start before a prefilter hit and end after
+    it (chars), so the Python pattern runs on those windows only; None: on the whole text.
+    ``longest``: the longest prefilter hit (chars), so a hit's start is read off its end; None:
+    Hyperscan reports the start too (its start-of-match mode, slower)."""
 
     kind: str
     prefilter: str
     pattern: re.Pattern[str]
     span: Callable[[re.Match[str], str, PiiConfig], tuple[int, int] | None]
     reach: tuple[int, int] | None = (64, 64)
+    longest: int | None = None
 
 
 Check = Callable[[re.Match[str], str, PiiConfig], bool]
@@ -178,6 +184,7 @@ DETECTORS = (
         re.compile(r"(?<![A-Za-z0-9+/])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
         whole(_aws),
         (8, 8),
+        20,
     ),
     Detector(
         "token",
@@ -190,6 +197,7 @@ DETECTORS = (
         ),
         whole(),
         (8, 272),
+        40,
     ),
     Detector(
         "secret",
@@ -200,6 +208,7 @@ DETECTORS = (
         ),
         _secret,
         (8, 560),
+        256,  # a name and what follows it up to its "=" (longer ones are not looked for)
     ),
     Detector(
         "email",
@@ -213,6 +222,7 @@ DETECTORS = (
         r"\d(?:[ -]?\d){12}",
         re.compile(r"(?<![\d.-])\d(?:[ -]?\d){12,18}(?![\d-])"),
         whole(_card),
+        longest=25,
     ),
     Detector(
         "ip_address",
@@ -221,6 +231,7 @@ DETECTORS = (
             r"(?<![\w.:])(?:\d{1,3}(?:\.\d{1,3}){3}(?!\.?\w)|(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:]))"
         ),
         whole(_ip),
+        longest=15,
     ),
     Detector(
         "phone",
@@ -243,37 +254,36 @@ class Findings:
     counts: Counter
 
 
-MARK = (
-    "\x00"  # around each prefilter hit, to read the hits' positions back (texts holding it are scanned whole)
-)
-ANY_PREFILTER = "|".join(f"(?:{d.prefilter})" for d in DETECTORS)
-PY_PREFILTERS = {d.kind: re.compile(d.prefilter) for d in DETECTORS}  # which types a hit is of
-CONTEXT = (
-    64  # chars around a hit that its types are read from (a hit hides the overlapping hits of other types)
+PREFILTERS = hyperscan.Database()
+PREFILTERS.compile(
+    expressions=[d.prefilter.removeprefix("(?i)").encode() for d in DETECTORS],
+    ids=list(range(len(DETECTORS))),
+    elements=len(DETECTORS),
+    flags=[
+        (hyperscan.HS_FLAG_CASELESS if d.prefilter.startswith("(?i)") else 0)
+        | (hyperscan.HS_FLAG_SOM_LEFTMOST if d.longest is None and d.reach is not None else 0)
+        for d in DETECTORS
+    ],
 )
 
 
 def find_pii(texts: pa.Array, config: PiiConfig) -> Findings:
     """Every occurrence of each active type in a batch (non-overlapping, by priority).
 
-    One RE2 scan of the whole batch for any type's prefilter leaves most texts behind; on the
-    rest, a second marks where the hits are (their windows merged in numpy), each window's types
-    are read from its hits and their context, and each type's Python pattern and check run on
-    its windows only."""
+    One Hyperscan pass over the batch's bytes finds every type's prefilter hits at once (most
+    documents have none); each type's Python pattern and check then run on the windows around
+    its own hits only."""
     modes = config.active()
     found: dict[int, list[tuple[int, int, str]]] = {}
-    any_hit = np.flatnonzero(
-        np.asarray(pc.match_substring_regex(texts, ANY_PREFILTER).fill_null(False), bool)
-    )
     detectors = [d for d in DETECTORS if d.kind in modes]
-    if not detectors or not len(any_hit):
+    hits = _hits(texts) if detectors else None
+    if hits is None or not len(hits.text):
         return Findings(found, Counter())
-    subset = texts.take(pa.array(any_hit))
-    strings = subset.to_pylist()
-    hits = _hits(subset)
+    with_hits = np.unique(hits.text)
+    strings = dict(zip(with_hits.tolist(), texts.take(pa.array(with_hits)).to_pylist(), strict=True))
     for detector in detectors:  # in priority order, as _non_overlapping needs
-        for local, start, end in _windows(strings, hits, detector):
-            text, index = strings[local], int(any_hit[local])
+        for index, start, end in _windows(hits, detector):
+            text = strings[index]
             for match in detector.pattern.finditer(text, start, end):
                 span = detector.span(match, text, config)
                 if span is not None:
@@ -287,60 +297,65 @@ def find_pii(texts: pa.Array, config: PiiConfig) -> Findings:
 
 @dataclass(frozen=True)
 class Hits:
-    """Where any prefilter hit in a batch: per hit (in text order) its text and characters."""
+    """Every prefilter hit of a batch: its detector (index in DETECTORS), its text and its
+    characters there (``start`` is a lower bound where the detector has a ``longest``)."""
 
+    detector: np.ndarray
     text: np.ndarray
     start: np.ndarray
     stop: np.ndarray
     lengths: np.ndarray  # characters per text
-    marked: np.ndarray  # texts that hold MARK themselves: their hits are unknown, they are scanned whole
 
 
 def _hits(texts: pa.Array) -> Hits:
-    pieces = pc.split_pattern(pc.replace_substring_regex(texts, ANY_PREFILTER, MARK + "\\0" + MARK), MARK)
-    sizes = np.asarray(pc.utf8_length(pieces.flatten()), np.int64)
-    first = np.asarray(pieces.offsets, np.int64)
-    text_of = np.repeat(np.arange(len(texts)), np.diff(first))
-    ends = np.cumsum(sizes)
-    ends -= np.concatenate([[0], ends])[first[:-1]][text_of]  # characters from the start of the text
-    hit = (np.arange(len(sizes)) - first[:-1][text_of]) % 2 == 1  # gap, hit, gap, hit, ..., gap
-    marked = np.asarray(pc.match_substring(texts, MARK), bool)
-    keep = hit & ~marked[text_of]
-    lengths = np.asarray(pc.utf8_length(texts), np.int64)
-    return Hits(text_of[keep], ends[keep] - sizes[keep], ends[keep], lengths, marked)
+    data, offsets = utf8_bytes(texts)
+    reported: list[tuple[int, int, int]] = []
+    PREFILTERS.scan(
+        data.tobytes(),
+        match_event_handler=lambda kind, start, end, _flags, _context: reported.append((kind, start, end)),
+        scratch=_scratch(),
+    )
+    lengths = scan.char_offsets(data, offsets, np.arange(len(texts)), np.diff(offsets))
+    if not reported:
+        return Hits(*(np.empty(0, np.int64) for _ in range(4)), lengths)
+    kind, start, end = np.array(reported, np.int64).T
+    longest = np.array([d.longest or 0 for d in DETECTORS], np.int64)[kind]
+    text = np.searchsorted(offsets, end - 1, side="right") - 1  # the text of its last byte
+    end -= offsets[text]
+    start = np.maximum(np.where(longest > 0, end - longest, start - offsets[text]), 0)
+    by_start, by_end = np.lexsort((start, text)), np.lexsort((end, text))
+    start[by_start] = scan.char_offsets(data, offsets, text[by_start], start[by_start])
+    end[by_end] = scan.char_offsets(data, offsets, text[by_end], end[by_end])
+    order = np.lexsort((start, text, kind))
+    return Hits(kind[order], text[order], start[order], end[order], lengths)
 
 
-def _windows(strings: list[str], hits: Hits, detector: Detector) -> list[tuple[int, int, int]]:
-    """``(text, start, end)``: the character windows ``detector``'s pattern runs on. The hits'
-    windows (``reach`` around each) are merged where they overlap, and a merged window is kept
-    when its hits' context holds a hit of the detector's own prefilter; a text is scanned whole
-    when ``reach`` is None or its hits are unknown, if its prefilter hits it anywhere."""
-    prefilter = PY_PREFILTERS[detector.kind]
-    whole = range(len(strings)) if detector.reach is None else np.flatnonzero(hits.marked).tolist()
-    windows = [(i, 0, len(strings[i])) for i in whole if prefilter.search(strings[i])]
-    if detector.reach is None or not len(hits.text):
-        return windows
+@functools.cache
+def _scratch() -> hyperscan.Scratch:
+    return hyperscan.Scratch(PREFILTERS)
+
+
+def _windows(hits: Hits, detector: Detector) -> list[tuple[int, int, int]]:
+    """``(text, start, end)``: the character windows ``detector``'s pattern runs on: ``reach``
+    around each of its hits, merged where they overlap; the whole text when ``reach`` is None."""
+    own = hits.detector == DETECTORS.index(detector)
+    text, start, stop = hits.text[own], hits.start[own], hits.stop[own]
+    if detector.reach is None:
+        return [(i, 0, int(hits.lengths[i])) for i in np.unique(text).tolist()]
+    if not len(text):
+        return []
     before, after = detector.reach
-    a = np.maximum(hits.start - before, 0)
-    key = hits.text.astype(np.int64) << 40  # texts apart: a window never merges into the next text's
-    b = key + np.minimum(hits.stop + after, hits.lengths[hits.text])
+    a = np.maximum(start - before, 0)
+    key = text << 40  # texts apart: a window never merges into the next text's
+    b = key + np.minimum(stop + after, hits.lengths[text])
     reach = np.maximum.accumulate(b)
     new = np.ones(len(a), bool)
     new[1:] = key[1:] + a[1:] > reach[:-1]
     firsts = np.flatnonzero(new)
     lasts = np.append(firsts[1:] - 1, len(a) - 1)
-    merged = zip(
-        hits.text[firsts].tolist(),
-        a[firsts].tolist(),
-        (reach[lasts] - key[lasts]).tolist(),
-        hits.start[firsts].tolist(),
-        hits.stop[lasts].tolist(),
-        strict=True,
+    return list(
+        zip(text[firsts].tolist(), a[firsts].tolist(), (reach[lasts] - key[lasts]).tolist(), strict=True)
     )
-    for i, start, end, first, last in merged:
-        if prefilter.search(strings[i], max(first - CONTEXT, 0), last + CONTEXT):
-            windows.append((i, start, end))
-    return windows
 
 
 def _non_overlapping(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:

@@ -235,3 +235,20 @@ def grams_in_set(word_hashes, n, prefixes, prefix_shift, hashes):
     for i in range(total):
         hit[i] = prefixes[grams[i] >> prefix_shift] and _in_set(grams[i], hashes)
     return hit
+
+
+@numba.njit(cache=True)
+def char_offsets(data, offsets, text, at):
+    """Per ``(text, byte offset in it)``, sorted by text then offset: the offset in characters
+    (the bytes before it that start a UTF-8 character)."""
+    out = np.empty(len(at), np.int64)
+    current, scanned, continuations = -1, 0, 0
+    for k in range(len(at)):
+        if text[k] != current:
+            current, scanned, continuations = text[k], offsets[text[k]], 0
+        target = offsets[current] + at[k]
+        while scanned < target:
+            continuations += (data[scanned] & 0xC0) == 0x80
+            scanned += 1
+        out[k] = at[k] - continuations
+    return out
