@@ -37,6 +37,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pyarrow as pa
 
@@ -187,14 +188,12 @@ import time
 import pyarrow as pa
 from tasks.safety.config import ALL_TYPES, PiiConfig
 from tasks.safety.pii import find_pii
-from tasks.safety.scan import find_ngrams
-from tasks.safety.words import batch_bytes
 from tasks.safety.decontaminate import find_contamination, BenchmarkSet
 import numpy as np
 texts = pa.array(["Mail a.b@corp.org, WORDS of a Text " * 5, "ünïcode text"])
-hashes = np.sort(np.array([1, 2, 3], np.uint64))
+hashes = np.array([1, 2, 3], np.uint64)
 cpu = time.process_time()
-find_contamination(texts, BenchmarkSet(13, ["b"], np.zeros(1, np.int64), ["0"], hashes, np.zeros(3, np.uint32)))
+find_contamination(texts, BenchmarkSet.of_hashes(13, ["b"], np.zeros(1, np.int64), ["0"], hashes, np.zeros(3, np.uint32)))
 find_pii(texts, PiiConfig(enabled=True, modes=dict.fromkeys(ALL_TYPES, "redact")))
 print(time.process_time() - cpu)
 """
@@ -229,15 +228,21 @@ def memory_of_set(work: Path, ngrams: int) -> dict[str, float]:
     built = BenchmarkSet.build(config)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    distinct = len(built.hashes)
+    distinct = built.ngrams
+    ten_million = BenchmarkSet.of_hashes(  # the same layout for 10 M n-grams (sorted random hashes)
+        13,
+        ["m"],
+        np.zeros(1, np.int64),
+        ["0"],
+        np.sort(np.random.default_rng(3).integers(0, 2**63, 10_000_000, np.uint64) * np.uint64(2)),
+        np.zeros(10_000_000, np.uint32),
+    )
     return {
         "ngrams": distinct,
         "held_mb": round(built.nbytes / 1e6, 1),
-        "bytes_per_ngram": round((built.nbytes - built.prefixes.nbytes) / distinct, 2),
-        "prefix_bitmap_mb": round(built.prefixes.nbytes / 1e6, 1),
-        "held_mb_for_10m": round(
-            ((built.nbytes - built.prefixes.nbytes) / distinct * 10e6 + built.prefixes.nbytes) / 1e6, 1
-        ),
+        "bytes_per_ngram": round(built.nbytes / distinct, 2),
+        "bucket_starts_mb": round(built.buckets.nbytes / 1e6, 1),
+        "held_mb_for_10m": round(ten_million.nbytes / 1e6, 1),
         "build_peak_mb": round(peak / 1e6, 1),
     }
 
@@ -271,7 +276,7 @@ def main() -> None:
     results = {
         "warc_extraction_pages_per_cpu_s": round(warc["pages_per_cpu_second"], 1),
         "documents": n,
-        "benchmark_ngrams": len(checks.benchmarks.hashes),
+        "benchmark_ngrams": checks.benchmarks.ngrams,
         "validate_docs_per_cpu_s": round(rate_without, 1),
         "validate_with_safety_docs_per_cpu_s": round(rate_with, 1),
         "ratio": round(rate_with / rate_without, 3),

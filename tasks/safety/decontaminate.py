@@ -1,12 +1,18 @@
-"""Benchmark decontamination: the word n-grams of every benchmark item as a sorted array of
-64-bit hashes, and the documents that share one.
+"""Benchmark decontamination: the word n-grams of every benchmark item as 64-bit hashes,
+held as sorted fingerprints in buckets, and the documents that share one.
 
-Memory: 8 bytes per distinct n-gram for the hash plus 4 for the index of the item that holds
-it (the detail names the item), 12 bytes in all, plus a 16 MiB bitmap of hash prefixes that
-spares most lookups the binary search: a 10 M n-gram set takes about 137 MB
-(``benchmarks/safety.py`` prints the measured figure). A lookup is ``np.searchsorted`` over
-every n-gram of a batch at once. A false match needs two different n-grams with the same
-64-bit hash: for a 10 M set that is about 5e-13 per n-gram checked.
+Memory: a distinct n-gram takes 4 bytes for the low 32 bits of its hash and 4 for the index
+of the item that holds it (the detail names the item); its bucket, the hash's top ``bits``
+bits (about a quarter as many buckets as n-grams), is where it lies in the sorted array, and
+the bucket starts take 4 bytes per bucket: about 9 bytes per n-gram, a 10 M n-gram set about
+97 MB (``benchmarks/safety.py`` prints the measured figure). A lookup reads the n-gram's
+bucket start and end, then compares the few fingerprints between (in
+:func:`tasks.safety.scan.find_ngrams`, every n-gram of a batch in one compiled pass).
+
+False matches: a document's n-gram matches a different benchmark n-gram when the two hashes
+agree on the ``bits + 32`` bits kept, about ``occupancy * 2**-32`` per n-gram checked (the
+occupancy, n-grams per bucket, is 2 to 4): about 6e-10 per n-gram checked for a 10 M set, one
+false match in some 1.6e9 n-grams (the full 64-bit hashes would give 5e-13, at 137 MB).
 """
 
 from __future__ import annotations
@@ -28,8 +34,7 @@ from tasks.safety.config import BenchmarkConfig, DecontaminationConfig
 from tasks.safety.words import LOWER_WORD, BatchBytes, batch_bytes, string_hashes, text_words
 from tasks.stage import ConfigError
 
-PREFIX_BITS = 24
-PREFIX_SHIFT = np.uint64(64 - PREFIX_BITS)
+MIN_BUCKET_BITS = 8
 
 
 class BenchmarkError(ConfigError):
@@ -89,14 +94,17 @@ def _strings(value: Any) -> list[str]:
 
 @dataclass
 class BenchmarkSet:
-    """The n-grams of every configured benchmark: ``hashes`` sorted, ``items[i]`` the global
-    item index of ``hashes[i]`` (the first item that holds it)."""
+    """The n-grams of every configured benchmark, in order of their 64-bit hash:
+    ``fingerprints[i]`` its low 32 bits, ``items[i]`` the global item index of the first item
+    that holds it, ``buckets[b] .. buckets[b + 1]`` the n-grams whose top ``bits`` bits are b."""
 
     n: int
     names: list[str]  # benchmark of each global item range
     item_starts: np.ndarray  # global index of each benchmark's first item
     item_ids: list[str]
-    hashes: np.ndarray = field(repr=False)
+    bits: int
+    buckets: np.ndarray = field(repr=False)
+    fingerprints: np.ndarray = field(repr=False)
     items: np.ndarray = field(repr=False)
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -125,37 +133,59 @@ class BenchmarkSet:
         hashes = np.concatenate(all_hashes) if all_hashes else np.empty(0, np.uint64)
         items = np.concatenate(all_items) if all_items else np.empty(0, np.uint32)
         hashes, first = np.unique(hashes, return_index=True)  # sorted; first item per n-gram
-        return cls(config.ngram, names, np.asarray(starts, np.int64), all_ids, hashes, items[first], facts)
+        return cls.of_hashes(
+            config.ngram, names, np.asarray(starts, np.int64), all_ids, hashes, items[first], facts
+        )
 
-    def __post_init__(self) -> None:
-        # a bitmap of the hashes' top PREFIX_BITS bits: most n-grams of a document leave at one
-        # gather, and only the rest are binary-searched (16 MiB; a set of 10 M fills under half of it)
-        self.prefixes = np.zeros(1 << PREFIX_BITS, bool)
-        self.prefixes[self.hashes >> PREFIX_SHIFT] = True
+    @classmethod
+    def of_hashes(
+        cls,
+        n: int,
+        names: list[str],
+        item_starts: np.ndarray,
+        item_ids: list[str],
+        hashes: np.ndarray,
+        items: np.ndarray,
+        facts: dict[str, dict[str, Any]] | None = None,
+    ) -> BenchmarkSet:
+        """The set of sorted, distinct ``hashes`` (``items``: the item of each)."""
+        bits = max(int(len(hashes)).bit_length() - 2, MIN_BUCKET_BITS)
+        buckets = np.searchsorted(hashes >> np.uint64(64 - bits), np.arange((1 << bits) + 1, dtype=np.uint64))
+        return cls(
+            n,
+            names,
+            item_starts,
+            item_ids,
+            bits,
+            buckets.astype(np.uint32),
+            (hashes & np.uint64(0xFFFFFFFF)).astype(np.uint32),
+            items.astype(np.uint32),
+            facts or {},
+        )
+
+    @property
+    def ngrams(self) -> int:
+        return len(self.fingerprints)
 
     @property
     def nbytes(self) -> int:
-        return int(self.hashes.nbytes + self.items.nbytes + self.prefixes.nbytes)
+        return int(self.buckets.nbytes + self.fingerprints.nbytes + self.items.nbytes)
 
     def item(self, index: int) -> tuple[str, str]:
         """(benchmark name, item id) of a global item index."""
         which = int(np.searchsorted(self.item_starts, index, side="right")) - 1
         return self.names[which], self.item_ids[index]
 
-    def items_of(self, grams: np.ndarray) -> np.ndarray:
-        """The item index of each of ``grams`` (all in the set)."""
-        return self.items[np.searchsorted(self.hashes, grams)].astype(np.int64)
-
     def matches(self, batch: BatchBytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(text, first word, hash)`` of every n-gram of ``batch`` that is in the set."""
+        """``(text, first word, item index)`` of every n-gram of ``batch`` that is in the set."""
         capacity = 4096
         while True:
-            count, text, word, grams = scan.find_ngrams(
+            count, text, word, at = scan.find_ngrams(
                 batch.data, batch.offsets, self.n, LOWER_WORD, batch.lower,
-                self.prefixes, PREFIX_SHIFT, self.hashes, capacity,
+                self.buckets, np.uint64(64 - self.bits), self.fingerprints, capacity,
             )  # fmt: skip
             if count <= capacity:
-                return text[:count], word[:count], grams[:count]
+                return text[:count], word[:count], self.items[at[:count]].astype(np.int64)
             capacity = count
 
 
@@ -172,12 +202,11 @@ class Contamination:
 def find_contamination(texts: pa.Array, benchmarks: BenchmarkSet) -> Contamination:
     """Every text that shares an n-gram with a benchmark item."""
     found = Contamination()
-    if len(benchmarks.hashes) == 0 or len(texts) == 0:
+    if benchmarks.ngrams == 0 or len(texts) == 0:
         return found
     batch = batch_bytes(texts)
-    hit_texts, first_words, grams = benchmarks.matches(batch)
-    items = benchmarks.items_of(grams).tolist()
-    for text, first, item in zip(hit_texts.tolist(), first_words.tolist(), items, strict=True):
+    hit_texts, first_words, items = benchmarks.matches(batch)
+    for text, first, item in zip(hit_texts.tolist(), first_words.tolist(), items.tolist(), strict=True):
         name, item_id = benchmarks.item(item)
         found.ngrams[name] += 1
         found.benchmarks.setdefault(text, set()).add(name)
@@ -195,7 +224,9 @@ def remove_spans(text: str, benchmarks: BenchmarkSet) -> tuple[str, int]:
     if len(matches) < benchmarks.n:
         return text, 0
     hashes = string_hashes(pa.array([m.group().lower() for m in matches], pa.string()))
-    hit = scan.grams_in_set(hashes, benchmarks.n, benchmarks.prefixes, PREFIX_SHIFT, benchmarks.hashes)
+    hit = scan.grams_in_set(
+        hashes, benchmarks.n, benchmarks.buckets, np.uint64(64 - benchmarks.bits), benchmarks.fingerprints
+    )
     covered = np.zeros(len(matches) + 1, np.int64)
     for start in np.flatnonzero(hit).tolist():
         covered[start] += 1

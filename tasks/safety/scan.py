@@ -7,8 +7,8 @@ time, a prefix sum of powers, the prefix bitmap, a binary search), each allocati
 large as the batch. Here a text is lower-cased into a buffer the size of the longest text
 (ASCII by a table, other characters by a table per code point made from Arrow's
 ``utf8_lower``), its words hashed, its n-gram hashes rolled over the last ``n`` word hashes,
-all of them looked up in the prefix bitmap in one loop of independent loads, and the few that
-pass binary-searched in the sorted hashes.
+the set's bucket bounds of all of them read in one loop of independent loads, and the
+fingerprints of the few non-empty buckets compared (see :mod:`tasks.safety.decontaminate`).
 
 The hashes are those of :func:`tasks.text_bytes.span_hashes` (a word's bytes 8 at a time,
 mixed with its length, splitmix64's finaliser) and of a polynomial over the words,
@@ -28,6 +28,7 @@ MIX_2 = np.uint64(0x94D049BB133111EB)
 WORD_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd, so the n-gram polynomial is invertible mod 2**64
 S30, S27, S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 ONE = np.uint64(1)
+LOW32 = np.uint64(0xFFFFFFFF)
 ZERO = np.uint64(0)
 
 
@@ -59,16 +60,15 @@ def _word_hash(lowered, start, end):
 
 
 @numba.njit(cache=True, inline="always")
-def _in_set(gram, hashes):
-    """Whether ``gram`` is in the sorted ``hashes`` (a binary search)."""
-    lo, hi = 0, len(hashes)
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if hashes[mid] < gram:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo < len(hashes) and hashes[lo] == gram
+def _find(gram, buckets, shift, fingerprints):
+    """Where ``gram`` is in the set (its index in ``fingerprints``), or -1: its bucket (the top
+    bits) bounds the fingerprints (the low 32 bits) to compare."""
+    bucket = gram >> shift
+    low = np.uint32(gram & LOW32)
+    for at in range(buckets[bucket], buckets[bucket + 1]):
+        if fingerprints[at] == low:
+            return at
+    return -1
 
 
 @numba.njit(cache=True, inline="always")
@@ -192,29 +192,36 @@ def ngram_hashes(data, offsets, n, table, lower):
 
 
 @numba.njit(cache=True)
-def find_ngrams(data, offsets, n, table, lower, prefixes, prefix_shift, hashes, capacity):
-    """The n-grams of a batch that are in the set: ``(count, text, first word, hash)`` of each;
-    ``count`` may exceed ``capacity``, and then only the first ``capacity`` are filled (the
-    caller calls again with room for all). The bitmap ``prefixes`` is read for all of a text's
-    n-grams in one loop of independent loads (they overlap), before any binary search."""
+def find_ngrams(data, offsets, n, table, lower, buckets, shift, fingerprints, capacity):
+    """The n-grams of a batch that are in the set: ``(count, text, first word, index in the
+    set)`` of each; ``count`` may exceed ``capacity``, and then only the first ``capacity`` are
+    filled (the caller calls again with room for all). A text's n-grams read their bucket
+    bounds in one loop of independent loads (they overlap) before any fingerprint compare."""
     lowered, word_hash, word_start, word_end, grams = _buffers(offsets)
-    passed = np.empty(len(grams), np.bool_)
+    first = np.empty(len(grams), np.int64)
+    last = np.empty(len(grams), np.int64)
     hit_text = np.empty(capacity, np.int64)
     hit_word = np.empty(capacity, np.int64)
-    hit_hash = np.empty(capacity, np.uint64)
+    hit_at = np.empty(capacity, np.int64)
     count = 0
     for t in range(len(offsets) - 1):
         length = _lower_text(data, offsets[t], offsets[t + 1], table, lower, lowered)
         words = _words(lowered, length, word_hash, word_start, word_end)
         total = _rolling_grams(word_hash, words, n, grams)
         for i in range(total):
-            passed[i] = prefixes[grams[i] >> prefix_shift]
+            bucket = grams[i] >> shift
+            first[i], last[i] = buckets[bucket], buckets[bucket + 1]
         for i in range(total):
-            if passed[i] and _in_set(grams[i], hashes):
-                if count < capacity:
-                    hit_text[count], hit_word[count], hit_hash[count] = t, i, grams[i]
-                count += 1
-    return count, hit_text, hit_word, hit_hash
+            if first[i] == last[i]:
+                continue
+            low = np.uint32(grams[i] & LOW32)
+            for at in range(first[i], last[i]):
+                if fingerprints[at] == low:
+                    if count < capacity:
+                        hit_text[count], hit_word[count], hit_at[count] = t, i, at
+                    count += 1
+                    break
+    return count, hit_text, hit_word, hit_at
 
 
 @numba.njit(cache=True)
@@ -227,13 +234,13 @@ def text_words(data, start, stop, table, lower):
 
 
 @numba.njit(cache=True)
-def grams_in_set(word_hashes, n, prefixes, prefix_shift, hashes):
+def grams_in_set(word_hashes, n, buckets, shift, fingerprints):
     """Per n-gram of one text's word hashes: whether it is in the set."""
     grams = np.empty(len(word_hashes) + 1, np.uint64)
     total = _rolling_grams(word_hashes, len(word_hashes), n, grams)
     hit = np.zeros(total, np.bool_)
     for i in range(total):
-        hit[i] = prefixes[grams[i] >> prefix_shift] and _in_set(grams[i], hashes)
+        hit[i] = _find(grams[i], buckets, shift, fingerprints) >= 0
     return hit
 
 

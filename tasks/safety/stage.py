@@ -153,7 +153,7 @@ def run_safety(repo: DataRepo, branch: str, input_commit: str, config: SafetyCon
         report.extra["benchmarks"] = {
             "ngram": checks.benchmarks.n,
             "mode": config.decontamination.mode,
-            "distinct_ngrams": len(checks.benchmarks.hashes),
+            "distinct_ngrams": checks.benchmarks.ngrams,
             "memory_bytes": checks.benchmarks.nbytes,
             "build_seconds": built,
             "sets": checks.benchmarks.facts,
