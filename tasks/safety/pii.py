@@ -304,7 +304,7 @@ class Hits:
     text: np.ndarray
     start: np.ndarray
     stop: np.ndarray
-    lengths: np.ndarray  # characters per text
+    lengths: np.ndarray  # characters per text (of the texts with hits; 0 for the others)
 
 
 def _hits(texts: pa.Array) -> Hits:
@@ -315,7 +315,7 @@ def _hits(texts: pa.Array) -> Hits:
         match_event_handler=lambda kind, start, end, _flags, _context: reported.append((kind, start, end)),
         scratch=_scratch(),
     )
-    lengths = scan.char_offsets(data, offsets, np.arange(len(texts)), np.diff(offsets))
+    lengths = np.zeros(len(texts), np.int64)
     if not reported:
         return Hits(*(np.empty(0, np.int64) for _ in range(4)), lengths)
     kind, start, end = np.array(reported, np.int64).T
@@ -326,6 +326,8 @@ def _hits(texts: pa.Array) -> Hits:
     by_start, by_end = np.lexsort((start, text)), np.lexsort((end, text))
     start[by_start] = scan.char_offsets(data, offsets, text[by_start], start[by_start])
     end[by_end] = scan.char_offsets(data, offsets, text[by_end], end[by_end])
+    with_hits = np.unique(text)
+    lengths[with_hits] = scan.char_offsets(data, offsets, with_hits, np.diff(offsets)[with_hits])
     order = np.lexsort((start, text, kind))
     return Hits(kind[order], text[order], start[order], end[order], lengths)
 
