@@ -4,10 +4,11 @@ held as sorted fingerprints in buckets, and the documents that share one.
 Memory: a distinct n-gram takes 4 bytes for the low 32 bits of its hash and 4 for the index
 of the item that holds it (the detail names the item); its bucket, the hash's top ``bits``
 bits (about a quarter as many buckets as n-grams), is where it lies in the sorted array, and
-the bucket starts take 4 bytes per bucket: about 9 bytes per n-gram, a 10 M n-gram set about
-97 MB (``benchmarks/safety.py`` prints the measured figure). A lookup reads the n-gram's
-bucket start and end, then compares the few fingerprints between (in
-:func:`tasks.safety.scan.find_ngrams`, every n-gram of a batch in one compiled pass).
+the bucket starts take 4 bytes per bucket; a bitmap of the top ``bits + 2`` bits (half a byte
+per bucket, small enough to stay in a core's cache for sets of a few million) turns most
+n-grams of a document away before they read a bucket: about 9.2 bytes per n-gram, a 10 M
+n-gram set about 99 MB (``benchmarks/safety.py`` prints the measured figure). The lookups run
+in :func:`tasks.safety.scan.find_ngrams`, every n-gram of a batch in one compiled pass.
 
 False matches: a document's n-gram matches a different benchmark n-gram when the two hashes
 agree on the ``bits + 32`` bits kept, about ``occupancy * 2**-32`` per n-gram checked (the
@@ -35,6 +36,7 @@ from tasks.safety.words import LOWER_WORD, BatchBytes, batch_bytes, string_hashe
 from tasks.stage import ConfigError
 
 MIN_BUCKET_BITS = 8
+PREFIX_EXTRA_BITS = 2  # the bitmap has 4 bits per bucket: 1 byte per 2 buckets, about 1 bit in 2 set
 
 
 class BenchmarkError(ConfigError):
@@ -103,6 +105,9 @@ class BenchmarkSet:
     item_starts: np.ndarray  # global index of each benchmark's first item
     item_ids: list[str]
     bits: int
+    prefixes: np.ndarray = field(
+        repr=False
+    )  # a bitmap of the hashes' top bits + PREFIX_EXTRA_BITS, as uint64 words
     buckets: np.ndarray = field(repr=False)
     fingerprints: np.ndarray = field(repr=False)
     items: np.ndarray = field(repr=False)
@@ -151,12 +156,15 @@ class BenchmarkSet:
         """The set of sorted, distinct ``hashes`` (``items``: the item of each)."""
         bits = max(int(len(hashes)).bit_length() - 2, MIN_BUCKET_BITS)
         buckets = np.searchsorted(hashes >> np.uint64(64 - bits), np.arange((1 << bits) + 1, dtype=np.uint64))
+        prefixes = np.zeros(1 << (bits + PREFIX_EXTRA_BITS), bool)
+        prefixes[hashes >> np.uint64(64 - bits - PREFIX_EXTRA_BITS)] = True
         return cls(
             n,
             names,
             item_starts,
             item_ids,
             bits,
+            np.packbits(prefixes, bitorder="little").view(np.uint64),
             buckets.astype(np.uint32),
             (hashes & np.uint64(0xFFFFFFFF)).astype(np.uint32),
             items.astype(np.uint32),
@@ -169,7 +177,17 @@ class BenchmarkSet:
 
     @property
     def nbytes(self) -> int:
-        return int(self.buckets.nbytes + self.fingerprints.nbytes + self.items.nbytes)
+        return int(self.prefixes.nbytes + self.buckets.nbytes + self.fingerprints.nbytes + self.items.nbytes)
+
+    def lookup_args(self) -> tuple:
+        """What the compiled lookups take: the bitmap, its shift, the buckets, theirs, the fingerprints."""
+        return (
+            self.prefixes,
+            np.uint64(64 - self.bits - PREFIX_EXTRA_BITS),
+            self.buckets,
+            np.uint64(64 - self.bits),
+            self.fingerprints,
+        )
 
     def item(self, index: int) -> tuple[str, str]:
         """(benchmark name, item id) of a global item index."""
@@ -182,7 +200,7 @@ class BenchmarkSet:
         while True:
             count, text, word, at = scan.find_ngrams(
                 batch.data, batch.offsets, self.n, LOWER_WORD, batch.lower,
-                self.buckets, np.uint64(64 - self.bits), self.fingerprints, capacity,
+                *self.lookup_args(), capacity,
             )  # fmt: skip
             if count <= capacity:
                 return text[:count], word[:count], self.items[at[:count]].astype(np.int64)
@@ -224,9 +242,7 @@ def remove_spans(text: str, benchmarks: BenchmarkSet) -> tuple[str, int]:
     if len(matches) < benchmarks.n:
         return text, 0
     hashes = string_hashes(pa.array([m.group().lower() for m in matches], pa.string()))
-    hit = scan.grams_in_set(
-        hashes, benchmarks.n, benchmarks.buckets, np.uint64(64 - benchmarks.bits), benchmarks.fingerprints
-    )
+    hit = scan.grams_in_set(hashes, benchmarks.n, *benchmarks.lookup_args())
     covered = np.zeros(len(matches) + 1, np.int64)
     for start in np.flatnonzero(hit).tolist():
         covered[start] += 1

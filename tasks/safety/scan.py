@@ -7,8 +7,8 @@ time, a prefix sum of powers, the prefix bitmap, a binary search), each allocati
 large as the batch. Here a text is lower-cased into a buffer the size of the longest text
 (ASCII by a table, other characters by a table per code point made from Arrow's
 ``utf8_lower``), its words hashed, its n-gram hashes rolled over the last ``n`` word hashes,
-the set's bucket bounds of all of them read in one loop of independent loads, and the
-fingerprints of the few non-empty buckets compared (see :mod:`tasks.safety.decontaminate`).
+the set's bucket bounds of all of them read in one loop of independent loads, then the few
+fingerprints in each one's bucket compared (see :mod:`tasks.safety.decontaminate`).
 
 The hashes are those of :func:`tasks.text_bytes.span_hashes` (a word's bytes 8 at a time,
 mixed with its length, splitmix64's finaliser) and of a polynomial over the words,
@@ -29,6 +29,7 @@ WORD_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd, so the n-gram polynomial is in
 S30, S27, S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 ONE = np.uint64(1)
 LOW32 = np.uint64(0xFFFFFFFF)
+LOW6, SIX = np.uint64(63), np.uint64(6)
 ZERO = np.uint64(0)
 
 
@@ -191,15 +192,22 @@ def ngram_hashes(data, offsets, n, table, lower):
     return out_hashes[:count].copy(), out_text[:count].copy(), words_per_text
 
 
+@numba.njit(cache=True, inline="always")
+def _maybe(gram, bits, bits_shift):
+    """Whether the bit of ``gram``'s top bits is set in the bitmap ``bits`` (uint64 words)."""
+    at = gram >> bits_shift
+    return (bits[at >> SIX] >> (at & LOW6)) & ONE
+
+
 @numba.njit(cache=True)
-def find_ngrams(data, offsets, n, table, lower, buckets, shift, fingerprints, capacity):
+def find_ngrams(data, offsets, n, table, lower, bits, bits_shift, buckets, shift, fingerprints, capacity):
     """The n-grams of a batch that are in the set: ``(count, text, first word, index in the
     set)`` of each; ``count`` may exceed ``capacity``, and then only the first ``capacity`` are
-    filled (the caller calls again with room for all). A text's n-grams read their bucket
-    bounds in one loop of independent loads (they overlap) before any fingerprint compare."""
+    filled (the caller calls again with room for all). A text's n-grams read the set's bitmap
+    of hash prefixes (small enough to stay in a core's cache) in one loop of independent loads;
+    the few that pass read their bucket and compare its fingerprints."""
     lowered, word_hash, word_start, word_end, grams = _buffers(offsets)
-    first = np.empty(len(grams), np.int64)
-    last = np.empty(len(grams), np.int64)
+    passed = np.empty(len(grams), np.uint64)
     hit_text = np.empty(capacity, np.int64)
     hit_word = np.empty(capacity, np.int64)
     hit_at = np.empty(capacity, np.int64)
@@ -209,18 +217,14 @@ def find_ngrams(data, offsets, n, table, lower, buckets, shift, fingerprints, ca
         words = _words(lowered, length, word_hash, word_start, word_end)
         total = _rolling_grams(word_hash, words, n, grams)
         for i in range(total):
-            bucket = grams[i] >> shift
-            first[i], last[i] = buckets[bucket], buckets[bucket + 1]
+            passed[i] = _maybe(grams[i], bits, bits_shift)
         for i in range(total):
-            if first[i] == last[i]:
-                continue
-            low = np.uint32(grams[i] & LOW32)
-            for at in range(first[i], last[i]):
-                if fingerprints[at] == low:
+            if passed[i]:
+                at = _find(grams[i], buckets, shift, fingerprints)
+                if at >= 0:
                     if count < capacity:
                         hit_text[count], hit_word[count], hit_at[count] = t, i, at
                     count += 1
-                    break
     return count, hit_text, hit_word, hit_at
 
 
@@ -234,13 +238,13 @@ def text_words(data, start, stop, table, lower):
 
 
 @numba.njit(cache=True)
-def grams_in_set(word_hashes, n, buckets, shift, fingerprints):
+def grams_in_set(word_hashes, n, bits, bits_shift, buckets, shift, fingerprints):
     """Per n-gram of one text's word hashes: whether it is in the set."""
     grams = np.empty(len(word_hashes) + 1, np.uint64)
     total = _rolling_grams(word_hashes, len(word_hashes), n, grams)
     hit = np.zeros(total, np.bool_)
     for i in range(total):
-        hit[i] = _find(grams[i], buckets, shift, fingerprints) >= 0
+        hit[i] = _maybe(grams[i], bits, bits_shift) and _find(grams[i], buckets, shift, fingerprints) >= 0
     return hit
 
 
