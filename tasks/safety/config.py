@@ -76,7 +76,7 @@ class PiiConfig(BaseModel):
     enabled: bool = Field(default=False, description="Scan every document for the types below.")
     modes: dict[str, Mode] = Field(
         default_factory=_default_modes,
-        description="type -> redact (typed placeholder such as <EMAIL>, document kept), quarantine, or off; "
+        description="type -> redact (a typed placeholder: the type in capitals between angle brackets, document kept), quarantine, or off; "
         "types not named keep their default (personal data redacted, credentials quarantined).",
     )
     allow_email_domains: list[str] = Field(
@@ -106,7 +106,7 @@ class PiiConfig(BaseModel):
 class BlocklistFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=NAME_PATTERN, description="Committed as blocklists/<name>.txt.")
+    name: str = Field(pattern=NAME_PATTERN, description="Committed as blocklists/NAME.txt (NAME: this name).")
     path: str = Field(description="A text file, one entry a line, '#' starts a comment.")
     kind: Literal["domains", "urls"] = Field(
         description="domains: a host and all its subdomains; urls: a host and a path prefix (host/path)."

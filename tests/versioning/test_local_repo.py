@@ -98,9 +98,9 @@ def test_name_defaults_to_the_sanitised_directory_name(tmp_path: Path):
         LocalRepo(tmp_path / "any", name="Bad_Name")
 
 
-def test_a_missing_repository_says_to_ensure_it(tmp_path: Path):
+def test_a_missing_repository_says_to_check_the_path(tmp_path: Path):
     repo = LocalRepo(tmp_path / "absent")
-    with pytest.raises(NotFound, match="ensure"):
+    with pytest.raises(NotFound, match="no repository at .*check the path"):
         repo.list_branches()
     assert not (tmp_path / "absent").exists()  # reading never creates anything
 
