@@ -104,8 +104,6 @@ def start_worker(pools: list[str], root: Path, stop_timeout: float = STOP_TIMEOU
     signal stops them (:mod:`flows.served_workers`: a bounded stop)."""
     if not pools:
         raise ServeError("no process work pool to run a worker for")
-    if stop_timeout < 0:
-        raise ServeError(f"--stop-timeout must be 0 or more seconds, not {stop_timeout:g}")
     workers: list[subprocess.Popen[Any]] = [
         subprocess.Popen(
             [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],

@@ -73,13 +73,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--prefect-yaml", type=Path, default=DEFAULT_PREFECT_YAML, metavar="FILE")
     serve.add_argument(
         "--stop-timeout",
-        type=float,
+        type=seconds,
         default=STOP_TIMEOUT_S,
         metavar="S",
         help="at SIGTERM or Ctrl-C, the seconds runs in flight get to finish before they are ended and "
         "marked Crashed (default %(default)g; a second signal ends them at once)",
     )
     serve.set_defaults(handler=run_serve)
+
+
+def seconds(text: str) -> float:
+    """An argparse type: 0 or more seconds, refused before anything starts."""
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
+    return value
 
 
 def run_curate(args: argparse.Namespace) -> int:

@@ -90,3 +90,12 @@ def test_a_stop_past_its_timeout_ends_the_run_and_marks_it_crashed(tmp_path):
         "no flow-run process is left behind"
     )
     assert not (markers / "release").exists()
+
+
+def test_a_negative_stop_timeout_is_refused_before_anything_starts(capsys):
+    from flows.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--stop-timeout", "-1"])
+    assert exited.value.code == 2
+    assert "--stop-timeout: must be 0 or more seconds" in capsys.readouterr().err
