@@ -22,13 +22,15 @@ finds them. Whether a cached result may be *used* on a given run branch is decid
 
 from __future__ import annotations
 
-import ast
+import dis
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 from prefect.cache_policies import CachePolicy
@@ -130,20 +132,35 @@ def stage_source_files(stage: str, root: Path = PROJECT_ROOT) -> list[Path]:
     return sorted(seen)
 
 
+def _imports(code: CodeType) -> Iterator[tuple[str, int, tuple[str, ...]]]:
+    """(module, level, names imported from it) of every import statement in ``code``, nested
+    functions included. Read from the bytecode, not ``ast.parse``: Python 3.11's AST objects
+    raise "AST constructor recursion depth mismatch" when two threads build them at once
+    (CPython gh-106905), and Prefect parses flow files in the flow-run process too."""
+    instructions = list(dis.get_instructions(code))
+    for i, instruction in enumerate(instructions):
+        if instruction.opname == "IMPORT_NAME":  # after LOAD_CONST level, LOAD_CONST fromlist
+            level, fromlist = instructions[i - 2].argval, instructions[i - 1].argval
+            yield instruction.argval, level, tuple(fromlist or ())
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            yield from _imports(const)
+
+
 def _imported_files(path: Path, root: Path) -> list[Path]:
     """The files of our packages that ``path`` imports (each module's package ``__init__`` too)."""
     module = ".".join(path.relative_to(root).with_suffix("").parts)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names: list[str] = []
-    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    for module_name, level, fromlist in _imports(compile(path.read_bytes(), str(path), "exec")):
+        if not fromlist:
+            names.append(module_name)
+            continue
+        base = module_name
+        if level:
+            anchor = package.split(".")[: len(package.split(".")) - level + 1]
+            base = ".".join([*anchor, base] if base else anchor)
+        names += [base] + [f"{base}.{name}" for name in fromlist]
     files = []
     for name in names:
         parts = name.split(".")
