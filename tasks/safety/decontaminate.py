@@ -3,17 +3,17 @@ held as sorted fingerprints in buckets, and the documents that share one.
 
 Memory: a distinct n-gram takes 4 bytes for the low 32 bits of its hash and 4 for the index
 of the item that holds it (the detail names the item); its bucket, the hash's top ``bits``
-bits (about a quarter as many buckets as n-grams), is where it lies in the sorted array, and
-the bucket starts take 4 bytes per bucket; a bitmap of the top ``bits + 2`` bits (half a byte
-per bucket, small enough to stay in a core's cache for sets of a few million) turns most
-n-grams of a document away before they read a bucket: about 9.2 bytes per n-gram, a 10 M
-n-gram set about 99 MB (``benchmarks/safety.py`` prints the measured figure). The lookups run
-in :func:`tasks.safety.scan.find_ngrams`, every n-gram of a batch in one compiled pass.
+bits (about an eighth as many buckets as n-grams), is where it lies in the sorted array, and
+the bucket starts take 4 bytes per bucket; a bitmap of the top ``bits + 5`` bits (4 bytes per
+bucket, about a quarter of its bits set) turns about three n-grams of a document in four away
+before they read a bucket: about 9.5 bytes per n-gram, a 10 M n-gram set about 97 MB
+(``benchmarks/safety.py`` prints the measured figure). The lookups run in
+:func:`tasks.safety.scan.find_ngrams`, every n-gram of a batch in one compiled pass.
 
 False matches: a document's n-gram matches a different benchmark n-gram when the two hashes
 agree on the ``bits + 32`` bits kept, about ``occupancy * 2**-32`` per n-gram checked (the
-occupancy, n-grams per bucket, is 2 to 4): about 6e-10 per n-gram checked for a 10 M set, one
-false match in some 1.6e9 n-grams (the full 64-bit hashes would give 5e-13, at 137 MB).
+occupancy, n-grams per bucket, is 4 to 8): about 1.1e-9 per n-gram checked for a 10 M set, one
+false match in some 9e8 n-grams (the full 64-bit hashes would give 5e-13, at 137 MB).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tasks.safety.words import LOWER_WORD, BatchBytes, batch_bytes, string_hashe
 from tasks.stage import ConfigError
 
 MIN_BUCKET_BITS = 8
-PREFIX_EXTRA_BITS = 2  # the bitmap has 4 bits per bucket: 1 byte per 2 buckets, about 1 bit in 2 set
+PREFIX_EXTRA_BITS = 5  # the bitmap has 32 bits per bucket, about 4 bits per n-gram: about 1 in 4 set
 
 
 class BenchmarkError(ConfigError):
@@ -120,8 +120,9 @@ class BenchmarkSet:
             ids, texts = read_items(benchmark)
             batch = batch_bytes(pa.array(texts, pa.string()))
             grams, item_of, lengths = scan.ngram_hashes(
-                batch.data, batch.offsets, config.ngram, LOWER_WORD, batch.lower
-            )
+                batch.data, batch.view, batch.maps.words, batch.maps.high, batch.ascii, batch.offsets, config.ngram,
+                LOWER_WORD, batch.lower,
+            )  # fmt: skip
             names.append(benchmark.name)
             starts.append(len(all_ids))
             all_hashes.append(grams)
@@ -154,7 +155,7 @@ class BenchmarkSet:
         facts: dict[str, dict[str, Any]] | None = None,
     ) -> BenchmarkSet:
         """The set of sorted, distinct ``hashes`` (``items``: the item of each)."""
-        bits = max(int(len(hashes)).bit_length() - 2, MIN_BUCKET_BITS)
+        bits = max(int(len(hashes)).bit_length() - 3, MIN_BUCKET_BITS)  # 4 to 8 n-grams a bucket
         buckets = np.searchsorted(hashes >> np.uint64(64 - bits), np.arange((1 << bits) + 1, dtype=np.uint64))
         prefixes = np.zeros(1 << (bits + PREFIX_EXTRA_BITS), bool)
         prefixes[hashes >> np.uint64(64 - bits - PREFIX_EXTRA_BITS)] = True
@@ -194,13 +195,17 @@ class BenchmarkSet:
         which = int(np.searchsorted(self.item_starts, index, side="right")) - 1
         return self.names[which], self.item_ids[index]
 
-    def matches(self, batch: BatchBytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(text, first word, item index)`` of every n-gram of ``batch`` that is in the set."""
+    def matches(
+        self, batch: BatchBytes, skip: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(text, first word, item index)`` of every n-gram of ``batch`` that is in the set
+        (texts where ``skip`` is set are passed over)."""
         capacity = 4096
+        skip = np.zeros(len(batch.offsets) - 1, np.bool_) if skip is None else skip
         while True:
             count, text, word, at = scan.find_ngrams(
-                batch.data, batch.offsets, self.n, LOWER_WORD, batch.lower,
-                *self.lookup_args(), capacity,
+                batch.data, batch.view, batch.maps.words, batch.maps.high, batch.ascii, skip, batch.offsets, self.n,
+                LOWER_WORD, batch.lower, *self.lookup_args(), capacity,
             )  # fmt: skip
             if count <= capacity:
                 return text[:count], word[:count], self.items[at[:count]].astype(np.int64)
@@ -217,13 +222,16 @@ class Contamination:
     ngrams: Counter = field(default_factory=Counter)  # benchmark -> n-grams matched
 
 
-def find_contamination(texts: pa.Array, benchmarks: BenchmarkSet) -> Contamination:
-    """Every text that shares an n-gram with a benchmark item."""
+def find_contamination(
+    texts: pa.Array, benchmarks: BenchmarkSet, batch: BatchBytes | None = None, skip: np.ndarray | None = None
+) -> Contamination:
+    """Every text that shares an n-gram with a benchmark item (``batch``: the bytes of
+    ``texts``, when the caller has them; texts where ``skip`` is set are passed over)."""
     found = Contamination()
     if benchmarks.ngrams == 0 or len(texts) == 0:
         return found
-    batch = batch_bytes(texts)
-    hit_texts, first_words, items = benchmarks.matches(batch)
+    batch = batch or batch_bytes(texts)
+    hit_texts, first_words, items = benchmarks.matches(batch, skip)
     for text, first, item in zip(hit_texts.tolist(), first_words.tolist(), items.tolist(), strict=True):
         name, item_id = benchmarks.item(item)
         found.ngrams[name] += 1

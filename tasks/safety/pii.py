@@ -1,10 +1,10 @@
 """Personal data and credentials in text: find them, replace each with a typed placeholder.
 
-Each type is a detector: a prefilter (all types' prefilters are one Hyperscan database that
-scans the batch's bytes once, reporting each hit with its type: most documents contain
-nothing, and leave here after that one scan), then a Python pattern and a check on the windows
-around that type's hits only (Luhn for cards, octet ranges for IPv4, ``ipaddress`` for IPv6,
-Shannon entropy for values of secret-like names).
+Each type is a detector: a prefilter (all types' at once, one compiled pass over the batch's
+bitmaps, :mod:`tasks.safety.pii_scan`: most documents contain nothing, and leave here after
+it), then a Python pattern and a check on the windows around that type's hits only (Luhn for
+cards, octet ranges for IPv4, ``ipaddress`` for IPv6, Shannon entropy for values of
+secret-like names).
 
 Why not detect-secrets: its plugins scan line by line in Python, every plugin on every line;
 ``benchmarks/safety.py`` measures it on the same text, and it is too slow to run on every
@@ -22,7 +22,6 @@ secret-like name, no known prefix), and test fixtures (placeholder values such a
 from __future__ import annotations
 
 import bisect
-import functools
 import ipaddress
 import math
 import re
@@ -30,13 +29,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import hyperscan
 import numpy as np
 import pyarrow as pa
 
-from tasks.safety import scan
+from tasks.safety import pii_scan, scan
 from tasks.safety.config import PiiConfig
-from tasks.text_bytes import utf8_bytes
+from tasks.safety.words import BatchBytes, batch_bytes
 
 PLACEHOLDERS = {
     "email": "<EMAIL>",
@@ -63,19 +61,16 @@ SECRET_NAME = (
 
 @dataclass(frozen=True)
 class Detector:
-    """One type: ``prefilter`` (Hyperscan, whole batch), ``pattern`` (Python, near the
-    prefilter's hits only), and ``span``: the part of a match that is redacted, or None when the
-    check refuses it. ``reach``: how far a match may start before a prefilter hit and end after
-    it (chars), so the Python pattern runs on those windows only; None: on the whole text.
-    ``longest``: the longest prefilter hit (chars), so a hit's start is read off its end; None:
-    Hyperscan reports the start too (its start-of-match mode, slower)."""
+    """One type: ``pattern`` (Python, near the prefilter's hits only, see
+    :mod:`tasks.safety.pii_scan`), and ``span``: the part of a match that is redacted, or None
+    when the check refuses it. ``reach``: how far a match may start before a prefilter hit and
+    end after it (chars), so the Python pattern runs on those windows only; None: on the whole
+    text."""
 
     kind: str
-    prefilter: str
     pattern: re.Pattern[str]
     span: Callable[[re.Match[str], str, PiiConfig], tuple[int, int] | None]
     reach: tuple[int, int] | None = (64, 64)
-    longest: int | None = None
 
 
 Check = Callable[[re.Match[str], str, PiiConfig], bool]
@@ -170,7 +165,6 @@ def _ip(match: re.Match[str], text: str, config: PiiConfig) -> bool:
 DETECTORS = (
     Detector(
         "private_key",
-        r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
         re.compile(
             r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:.*?-----END [A-Z ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s:,-]*)",
             re.S,
@@ -180,16 +174,12 @@ DETECTORS = (
     ),
     Detector(
         "aws_key",
-        r"(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}",
         re.compile(r"(?<![A-Za-z0-9+/])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
         whole(_aws),
         (8, 8),
-        20,
     ),
     Detector(
         "token",
-        r"gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{22}|xox[abprs]-[A-Za-z0-9-]{10}|"
-        r"sk-[A-Za-z0-9_-]{20}|sk_(?:live|test)_[A-Za-z0-9]{16}|AIza[0-9A-Za-z_-]{35}",
         re.compile(
             r"(?<![A-Za-z0-9+/_-])(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255}|"
             r"xox[abprs]-[A-Za-z0-9-]{10,255}|sk-(?:proj-)?[A-Za-z0-9_-]{20,255}|"
@@ -197,45 +187,36 @@ DETECTORS = (
         ),
         whole(),
         (8, 272),
-        40,
     ),
     Detector(
         "secret",
-        r"(?i)" + SECRET_NAME + r"[a-z0-9_.-]*[\"']?\s*(?::=|=>|[:=])",
         re.compile(
             r"(?i)" + SECRET_NAME + r"[a-z0-9_.-]*[\"']?\s*(?::=|=>|[:=])\s*"
             r"(?:(?P<quote>[\"'])(?P<value>[^\"'\s]{1,512})(?P=quote)|(?P<bare>[A-Za-z0-9+/=_-]{16,512})(?![\w(\[.]))"
         ),
         _secret,
         (8, 560),
-        256,  # a name and what follows it up to its "=" (longer ones are not looked for)
     ),
     Detector(
         "email",
-        r"[A-Za-z0-9._%+-]@[A-Za-z0-9-]+\.",
         re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.)+[A-Za-z]{2,24}\b"),
         whole(_email),
         (72, 320),  # a local part of up to 64 before the "@", a domain of up to 255 after it
     ),
     Detector(
         "card_number",
-        r"\d(?:[ -]?\d){12}",
         re.compile(r"(?<![\d.-])\d(?:[ -]?\d){12,18}(?![\d-])"),
         whole(_card),
-        longest=25,
     ),
     Detector(
         "ip_address",
-        r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}|[0-9A-Fa-f]{1,4}:[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{1,4}",
         re.compile(
             r"(?<![\w.:])(?:\d{1,3}(?:\.\d{1,3}){3}(?!\.?\w)|(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:]))"
         ),
         whole(_ip),
-        longest=15,
     ),
     Detector(
         "phone",
-        r"\d{2,4}[ .)-]+\d{3,4}[ .-]\d{3,4}",
         re.compile(
             r"(?<![\w+.-])(?<!\d[ .-])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?|\d{2,4}[ .-])\d{3,4}[ .-]\d{3,4}(?![\w-]|[ .-]\d)"
         ),
@@ -254,29 +235,16 @@ class Findings:
     counts: Counter
 
 
-PREFILTERS = hyperscan.Database()
-PREFILTERS.compile(
-    expressions=[d.prefilter.removeprefix("(?i)").encode() for d in DETECTORS],
-    ids=list(range(len(DETECTORS))),
-    elements=len(DETECTORS),
-    flags=[
-        (hyperscan.HS_FLAG_CASELESS if d.prefilter.startswith("(?i)") else 0)
-        | (hyperscan.HS_FLAG_SOM_LEFTMOST if d.longest is None and d.reach is not None else 0)
-        for d in DETECTORS
-    ],
-)
-
-
-def find_pii(texts: pa.Array, config: PiiConfig) -> Findings:
+def find_pii(texts: pa.Array, config: PiiConfig, batch: BatchBytes | None = None) -> Findings:
     """Every occurrence of each active type in a batch (non-overlapping, by priority).
 
-    One Hyperscan pass over the batch's bytes finds every type's prefilter hits at once (most
-    documents have none); each type's Python pattern and check then run on the windows around
-    its own hits only."""
+    One compiled pass over the batch's bitmaps (``batch``: of ``texts``, when the caller has
+    them) finds every type's prefilter hits at once (most documents have none); each type's
+    Python pattern and check then run on the windows around its own hits only."""
     modes = config.active()
     found: dict[int, list[tuple[int, int, str]]] = {}
     detectors = [d for d in DETECTORS if d.kind in modes]
-    hits = _hits(texts) if detectors else None
+    hits = _hits(batch or batch_bytes(texts), detectors, config) if detectors else None
     if hits is None or not len(hits.text):
         return Findings(found, Counter())
     with_hits = np.unique(hits.text)
@@ -298,7 +266,7 @@ def find_pii(texts: pa.Array, config: PiiConfig) -> Findings:
 @dataclass(frozen=True)
 class Hits:
     """Every prefilter hit of a batch: its detector (index in DETECTORS), its text and its
-    characters there (``start`` is a lower bound where the detector has a ``longest``)."""
+    characters there."""
 
     detector: np.ndarray
     text: np.ndarray
@@ -307,34 +275,44 @@ class Hits:
     lengths: np.ndarray  # characters per text (of the texts with hits; 0 for the others)
 
 
-def _hits(texts: pa.Array) -> Hits:
-    data, offsets = utf8_bytes(texts)
-    reported: list[tuple[int, int, int]] = []
-    PREFILTERS.scan(
-        data.tobytes(),
-        match_event_handler=lambda kind, start, end, _flags, _context: reported.append((kind, start, end)),
-        scratch=_scratch(),
-    )
-    lengths = np.zeros(len(texts), np.int64)
-    if not reported:
+def _hits(batch: BatchBytes, detectors: list[Detector], config: PiiConfig) -> Hits:
+    data, offsets = batch.data, batch.offsets
+    active = np.array([d in detectors for d in DETECTORS], np.bool_)
+    capacity = 4096 + len(data) // 512
+    while True:
+        count, rows = pii_scan.pii_hits(
+            data, offsets, batch.maps.digits, batch.maps.events, active, config.min_secret_chars,
+            pii_scan.LITERALS, pii_scan.NAME_BYTES, pii_scan.NAME_LENGTHS, capacity,
+        )  # fmt: skip
+        if count <= capacity:
+            break
+        capacity = count
+    rows = rows[:count]
+    lengths = np.zeros(len(offsets) - 1, np.int64)
+    if not len(rows):
         return Hits(*(np.empty(0, np.int64) for _ in range(4)), lengths)
-    kind, start, end = np.array(reported, np.int64).T
-    longest = np.array([d.longest or 0 for d in DETECTORS], np.int64)[kind]
-    text = np.searchsorted(offsets, end - 1, side="right") - 1  # the text of its last byte
+    kind, text, start, end = rows.T.copy()
+    start -= offsets[text]
     end -= offsets[text]
-    start = np.maximum(np.where(longest > 0, end - longest, start - offsets[text]), 0)
-    by_start, by_end = np.lexsort((start, text)), np.lexsort((end, text))
-    start[by_start] = scan.char_offsets(data, offsets, text[by_start], start[by_start])
-    end[by_end] = scan.char_offsets(data, offsets, text[by_end], end[by_end])
     with_hits = np.unique(text)
-    lengths[with_hits] = scan.char_offsets(data, offsets, with_hits, np.diff(offsets)[with_hits])
+    lengths[with_hits] = np.diff(offsets)[with_hits]
+    wide = ~batch.ascii[text]  # in an ASCII text a byte is a character
+    if wide.any():
+        start[wide], end[wide] = _char_offsets(data, offsets, text[wide], start[wide], end[wide])
+        wide_texts = with_hits[~batch.ascii[with_hits]]
+        lengths[wide_texts] = scan.char_offsets(data, offsets, wide_texts, lengths[wide_texts])
     order = np.lexsort((start, text, kind))
     return Hits(kind[order], text[order], start[order], end[order], lengths)
 
 
-@functools.cache
-def _scratch() -> hyperscan.Scratch:
-    return hyperscan.Scratch(PREFILTERS)
+def _char_offsets(
+    data: np.ndarray, offsets: np.ndarray, text: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Byte offsets in texts as character offsets."""
+    by_start, by_end = np.lexsort((start, text)), np.lexsort((end, text))
+    start[by_start] = scan.char_offsets(data, offsets, text[by_start], start[by_start])
+    end[by_end] = scan.char_offsets(data, offsets, text[by_end], end[by_end])
+    return start, end
 
 
 def _windows(hits: Hits, detector: Detector) -> list[tuple[int, int, int]]:

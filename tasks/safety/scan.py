@@ -1,14 +1,14 @@
 """Compiled passes (numba) over a batch's bytes: its words, their 64-bit hashes, the hash of
 every word n-gram, and which n-grams are in a benchmark set, text by text.
 
-The NumPy version this replaces made a dozen passes over every byte of the batch (Arrow's
-lower-casing of non-ASCII texts, a lower-casing table, word edges, span hashes 8 bytes at a
-time, a prefix sum of powers, the prefix bitmap, a binary search), each allocating arrays as
-large as the batch. Here a text is lower-cased into a buffer the size of the longest text
-(ASCII by a table, other characters by a table per code point made from Arrow's
-``utf8_lower``), its words hashed, its n-gram hashes rolled over the last ``n`` word hashes,
-the set's bucket bounds of all of them read in one loop of independent loads, then the few
-fingerprints in each one's bucket compared (see :mod:`tasks.safety.decontaminate`).
+A text's words come from the batch's word bitmap (:mod:`tasks.safety.bitmaps`): its edges
+walked with ``trailing_zeros``, the words' first eight bytes hashed in one vectorised loop (the
+longer words' rest after), a run with a non-ASCII byte lower-cased by a table per code point
+(made from Arrow's ``utf8_lower``) and split where a character is no letter or digit. The
+n-gram hashes are rolled over the word hashes, the set's prefix bitmap read for all of them in
+one loop of independent loads, then the few that pass compare the fingerprints of their bucket
+(see :mod:`tasks.safety.decontaminate`). Before, a branch per byte (is it in a word?) took most
+of the time: it mispredicted at every word edge.
 
 The hashes are those of :func:`tasks.text_bytes.span_hashes` (a word's bytes 8 at a time,
 mixed with its length, splitmix64's finaliser) and of a polynomial over the words,
@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba.cpython.unsafe.numbers import trailing_zeros
+
+from tasks.safety.bitmaps import BLOCK_SHIFT, block_of
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -31,6 +34,9 @@ ONE = np.uint64(1)
 LOW32 = np.uint64(0xFFFFFFFF)
 LOW6, SIX = np.uint64(63), np.uint64(6)
 ZERO = np.uint64(0)
+S63 = np.uint64(63)
+CASE_BIT = np.uint64(0x2020202020202020)
+BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
 
 
 @numba.njit(cache=True, inline="always")
@@ -152,33 +158,165 @@ def _rolling_grams(word_hash, words, n, grams):
 
 @numba.njit(cache=True, inline="always")
 def _buffers(offsets):
-    """Per-text scratch: lower-cased bytes (a character grows by a byte at most), and per word."""
+    """Per-text scratch: lower-cased bytes (a character grows by a byte at most), run starts,
+    ends and hashes, word hashes, n-gram hashes."""
     size = 1
     for t in range(len(offsets) - 1):
         size = max(size, offsets[t + 1] - offsets[t])
     words = size // 2 + 1
     return (
         np.empty(2 * size, np.uint8),
+        np.empty(words, np.int64),
+        np.empty(words, np.int64),
         np.empty(words, np.uint64),
-        np.empty(words, np.int64),
-        np.empty(words, np.int64),
+        np.empty(words, np.uint64),
         np.empty(words, np.uint64),
     )
 
 
+@numba.njit(cache=True, inline="always")
+def _eight_bytes(view, at):
+    """``data[at:at + 8]`` as a little-endian uint64, zeros past the end of ``data``
+    (``view[i]`` is ``data[i:i+8]``): past the last full eight, the last eight shifted down.
+    No branch, so LLVM vectorises the loops that call it."""
+    last = len(view) - 1
+    return view[min(at, last)] >> np.uint64(8 * (at - min(at, last)))
+
+
+@numba.njit(cache=True, inline="always")
+def _runs(word_bits, high_bits, with_high, first, stop, run_start, run_end):
+    """The runs of word bytes (and, ``with_high``, non-ASCII bytes) of ``[first, stop)``, from
+    the bitmaps: the edges are the set bits of ``x ^ (x << 1)``, walked with ``trailing_zeros``."""
+    runs = 0
+    inside = False
+    carry = ZERO
+    for j in range(first >> BLOCK_SHIFT, ((stop - 1) >> BLOCK_SHIFT) + 1):
+        x = block_of(word_bits, j, first, stop)
+        if with_high:
+            x |= block_of(high_bits, j, first, stop)
+        edges = x ^ ((x << ONE) | carry)
+        carry = x >> S63
+        base = j << BLOCK_SHIFT
+        while edges:
+            at = base + trailing_zeros(edges)
+            edges &= edges - ONE
+            if inside:
+                run_end[runs] = at
+                runs += 1
+            else:
+                run_start[runs] = at
+            inside = not inside
+    if inside:
+        run_end[runs] = stop
+        runs += 1
+    return runs
+
+
+@numba.njit(cache=True, inline="always")
+def _ascii_hashes(view, runs, run_start, run_end, out):
+    """``_word_hash`` of each run read straight from the batch: an ASCII word's bytes are letters
+    and digits, and setting bit 5 of each lower-cases the letters and keeps the digits. The
+    first eight bytes of all of them in one loop (vectorised), the rest of the longer ones after."""
+    longer = 0
+    for w in range(runs):
+        length = run_end[w] - run_start[w]
+        chunk = (_eight_bytes(view, run_start[w]) | CASE_BIT) & BYTE_MASKS[min(length, 8)]
+        out[w] = _mix64(chunk ^ (np.uint64(length) * GOLDEN))
+        longer += length > 8
+    if longer:
+        for w in range(runs):
+            at = run_start[w] + 8
+            while at < run_end[w]:
+                out[w] = _mix64(
+                    out[w] ^ ((_eight_bytes(view, at) | CASE_BIT) & BYTE_MASKS[min(run_end[w] - at, 8)])
+                )
+                at += 8
+
+
+@numba.njit(cache=True, inline="always")
+def _has_high(high_bits, first, stop):
+    for j in range(first >> BLOCK_SHIFT, ((stop - 1) >> BLOCK_SHIFT) + 1):
+        if block_of(high_bits, j, first, stop):
+            return True
+    return False
+
+
+@numba.njit(cache=True, inline="always")
+def _text_words(
+    data,
+    view,
+    word_bits,
+    high_bits,
+    ascii_,
+    t,
+    offsets,
+    table,
+    lower,
+    lowered,
+    run_start,
+    run_end,
+    run_hash,
+    word_hash,
+):
+    """Text ``t``'s word hashes, in ``word_hash``; returns how many. Its runs of ASCII letters,
+    digits and (in a text that has them) non-ASCII bytes come from the bitmaps and are hashed as
+    ASCII words; a run with a non-ASCII byte is lower-cased by the code-point table instead,
+    which also splits it where a character is no letter or digit."""
+    first, stop = offsets[t], offsets[t + 1]
+    if stop == first:
+        return 0
+    runs = _runs(word_bits, high_bits, not ascii_[t], first, stop, run_start, run_end)
+    if ascii_[t]:
+        _ascii_hashes(view, runs, run_start, run_end, word_hash)
+        return runs
+    _ascii_hashes(view, runs, run_start, run_end, run_hash)
+    words = 0
+    for r in range(runs):
+        if not _has_high(high_bits, run_start[r], run_end[r]):
+            word_hash[words] = run_hash[r]
+            words += 1
+            continue
+        length = _lower_text(data, run_start[r], run_end[r], table, lower, lowered)
+        at = 0
+        while at < length:
+            if lowered[at] == 0:
+                at += 1
+                continue
+            begin = at
+            while at < length and lowered[at] != 0:
+                at += 1
+            word_hash[words] = _word_hash(lowered, begin, at)
+            words += 1
+    return words
+
+
 @numba.njit(cache=True)
-def ngram_hashes(data, offsets, n, table, lower):
+def ngram_hashes(data, view, word_bits, high_bits, ascii_, offsets, n, table, lower):
     """``(hashes, text of each, words per text)`` of every n-gram inside one text (to build a set)."""
     texts = len(offsets) - 1
-    lowered, word_hash, word_start, word_end, grams = _buffers(offsets)
+    lowered, run_start, run_end, run_hash, word_hash, grams = _buffers(offsets)
     words_per_text = np.zeros(texts, np.int64)
     capacity = 1024
     out_hashes = np.empty(capacity, np.uint64)
     out_text = np.empty(capacity, np.int64)
     count = 0
     for t in range(texts):
-        length = _lower_text(data, offsets[t], offsets[t + 1], table, lower, lowered)
-        words = _words(lowered, length, word_hash, word_start, word_end)
+        words = _text_words(
+            data,
+            view,
+            word_bits,
+            high_bits,
+            ascii_,
+            t,
+            offsets,
+            table,
+            lower,
+            lowered,
+            run_start,
+            run_end,
+            run_hash,
+            word_hash,
+        )
         total = _rolling_grams(word_hash, words, n, grams)
         words_per_text[t] = words
         if count + total > capacity:
@@ -200,21 +338,54 @@ def _maybe(gram, bits, bits_shift):
 
 
 @numba.njit(cache=True)
-def find_ngrams(data, offsets, n, table, lower, bits, bits_shift, buckets, shift, fingerprints, capacity):
+def find_ngrams(
+    data,
+    view,
+    word_bits,
+    high_bits,
+    ascii_,
+    skip,
+    offsets,
+    n,
+    table,
+    lower,
+    bits,
+    bits_shift,
+    buckets,
+    shift,
+    fingerprints,
+    capacity,
+):
     """The n-grams of a batch that are in the set: ``(count, text, first word, index in the
     set)`` of each; ``count`` may exceed ``capacity``, and then only the first ``capacity`` are
-    filled (the caller calls again with room for all). A text's n-grams read the set's bitmap
-    of hash prefixes (small enough to stay in a core's cache) in one loop of independent loads;
+    filled (the caller calls again with room for all). Texts with ``skip`` set are passed over.
+    A text's n-grams read the set's bitmap of hash prefixes in one loop of independent loads;
     the few that pass read their bucket and compare its fingerprints."""
-    lowered, word_hash, word_start, word_end, grams = _buffers(offsets)
+    lowered, run_start, run_end, run_hash, word_hash, grams = _buffers(offsets)
     passed = np.empty(len(grams), np.uint64)
     hit_text = np.empty(capacity, np.int64)
     hit_word = np.empty(capacity, np.int64)
     hit_at = np.empty(capacity, np.int64)
     count = 0
     for t in range(len(offsets) - 1):
-        length = _lower_text(data, offsets[t], offsets[t + 1], table, lower, lowered)
-        words = _words(lowered, length, word_hash, word_start, word_end)
+        if skip[t]:
+            continue
+        words = _text_words(
+            data,
+            view,
+            word_bits,
+            high_bits,
+            ascii_,
+            t,
+            offsets,
+            table,
+            lower,
+            lowered,
+            run_start,
+            run_end,
+            run_hash,
+            word_hash,
+        )
         total = _rolling_grams(word_hash, words, n, grams)
         for i in range(total):
             passed[i] = _maybe(grams[i], bits, bits_shift)
@@ -231,7 +402,7 @@ def find_ngrams(data, offsets, n, table, lower, bits, bits_shift, buckets, shift
 @numba.njit(cache=True)
 def text_words(data, start, stop, table, lower):
     """``(lower-cased bytes, word starts, word ends)`` of one text (to spell a match out)."""
-    lowered, word_hash, word_start, word_end, _ = _buffers(np.array([start, stop]))
+    lowered, word_start, word_end, word_hash, _, _ = _buffers(np.array([start, stop]))
     length = _lower_text(data, start, stop, table, lower, lowered)
     words = _words(lowered, length, word_hash, word_start, word_end)
     return lowered[:length].copy(), word_start[:words].copy(), word_end[:words].copy()

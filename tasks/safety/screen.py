@@ -19,8 +19,9 @@ import pyarrow.compute as pc
 
 from tasks.safety.blocklist import Blocklist
 from tasks.safety.config import SECRET_TYPES, SafetyConfig
-from tasks.safety.decontaminate import BenchmarkSet, find_contamination, remove_spans
+from tasks.safety.decontaminate import BenchmarkSet, Contamination, find_contamination, remove_spans
 from tasks.safety.pii import find_pii, redact
+from tasks.safety.words import BatchBytes, batch_bytes
 from tasks.schema import with_quarantine_reason
 
 STAGE = "safety"
@@ -96,6 +97,25 @@ def _replaced(column: pa.Array, texts: dict[int, str]) -> pa.Array:
     )
 
 
+def _contamination(
+    column: pa.Array, benchmarks: BenchmarkSet, batch: BatchBytes, redacted: list[int]
+) -> Contamination:
+    """``find_contamination`` of ``column``, reading ``batch`` (the bytes before redaction) for
+    the texts PII left alone and the redacted texts' own bytes for the others."""
+    if not redacted:
+        return find_contamination(column, benchmarks, batch)
+    skip = np.zeros(len(column), np.bool_)
+    skip[redacted] = True
+    found = find_contamination(column, benchmarks, batch, skip)
+    changed = find_contamination(column.take(pa.array(redacted, pa.int64())), benchmarks)
+    for local, index in enumerate(redacted):
+        if local in changed.detail:
+            found.detail[index] = changed.detail[local]
+            found.benchmarks[index] = changed.benchmarks[local]
+    found.ngrams.update(changed.ngrams)
+    return found
+
+
 def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Table, SafetyStats]:
     """``(kept, quarantined, stats)`` of a batch; the quarantined table adds ``stage``,
     ``reason`` and ``detail``."""
@@ -105,8 +125,9 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
     details: list[str] = [""] * n
     column = table.column("text").combine_chunks()
 
+    batch = batch_bytes(column)  # the bitmaps both PII and decontamination read
     modes = config.pii.active()
-    findings = find_pii(column, config.pii) if modes else None
+    findings = find_pii(column, config.pii, batch) if modes else None
     redacted: dict[int, str] = {}
     if findings is not None:
         stats.pii_found.update(findings.counts)
@@ -130,7 +151,7 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
             reasons[index], details[index] = "blocked_url", f"{url} is on blocklist {entry}"
 
     if checks.benchmarks is not None:
-        found = find_contamination(column, checks.benchmarks)
+        found = _contamination(column, checks.benchmarks, batch, sorted(redacted))
         stats.contaminated_ngrams.update(found.ngrams)
         cut: dict[int, str] = {}
         for index, detail in found.detail.items():

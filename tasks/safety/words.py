@@ -4,11 +4,13 @@ A word is a maximal run of letters and digits after lower-casing (``str.isalnum`
 Python's ``[^\\W_]`` matches), so case, whitespace and punctuation do not change a document's
 n-grams.
 
-The batch's UTF-8 bytes are one NumPy array. ASCII texts (most of a corpus) need nothing
-more: a table lower-cases the word bytes (``[A-Za-z0-9]``) and zeroes the others. A text with
-any non-ASCII character is lower-cased by Arrow (``utf8_lower``) first, and the bytes of its
-non-ASCII characters that are no letter or digit are zeroed too (by a table of ``str.isalnum``
-per code point). Word edges, word hashes, n-gram hashes and set membership are then one
+The batch's UTF-8 bytes are one NumPy array, with their bitmaps
+(:mod:`tasks.safety.bitmaps`). The words of an ASCII text (most of a corpus) are its runs of
+ASCII letters and digits, read off the word bitmap and hashed straight from the bytes (setting
+bit 5 lower-cases a letter and keeps a digit). In a text with a non-ASCII byte, a run of
+letters, digits and non-ASCII bytes that holds one is lower-cased by a table per code point
+made from Arrow's ``utf8_lower`` (its characters that are no letter or digit, by
+``str.isalnum``, split it). Word edges, word hashes, n-gram hashes and set membership are one
 compiled pass per text (:mod:`tasks.safety.scan`). The hashes are stable across processes and
 machines (no salted ``hash()``), so a benchmark set built in the flow matches documents
 checked in any worker.
@@ -25,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.safety import scan
+from tasks.safety.bitmaps import Bitmaps, any_high, bitmaps
 from tasks.text_bytes import span_hashes, utf8_bytes
 
 PY_WORD = re.compile(r"[^\W_]+")  # the same words for Python's re: letters and digits
@@ -39,12 +42,17 @@ LOWER_WORD[ord("A") : ord("Z") + 1] += 32
 
 @dataclass(frozen=True)
 class BatchBytes:
-    """A batch's bytes as the compiled pass reads them: ``data[offsets[i]:offsets[i+1]]`` is
-    text ``i``; ``lower`` the code-point table (:func:`lower_code_points`; one entry when every
-    text is ASCII: it is never read then)."""
+    """A batch's bytes as the compiled passes read them: ``data[offsets[i]:offsets[i+1]]`` is
+    text ``i``; ``view`` the same bytes as overlapping little-endian uint64s (``view[i]`` is
+    ``data[i:i+8]``); ``maps`` their bitmaps; ``ascii`` per text whether all its bytes are
+    ASCII; ``lower`` the code-point table (:func:`lower_code_points`; one entry when every text
+    is ASCII: it is never read then)."""
 
     data: np.ndarray
     offsets: np.ndarray
+    view: np.ndarray
+    maps: Bitmaps
+    ascii: np.ndarray
     lower: np.ndarray
 
     def spell(self, text: int, first: int, count: int) -> str:
@@ -59,8 +67,13 @@ class BatchBytes:
 def batch_bytes(texts: pa.Array) -> BatchBytes:
     """The bytes of every text (a null text is empty)."""
     data, offsets = utf8_bytes(texts)
-    ascii_ = not len(data) or int(data.max()) < 0x80
-    return BatchBytes(data, offsets, _ASCII_ONLY if ascii_ else lower_code_points())
+    if len(data) < 8:  # the view needs eight bytes
+        data = np.concatenate([data, np.zeros(8 - len(data), np.uint8)])
+        data.flags.writeable = False  # as Arrow's buffers are: one signature for numba to compile
+    maps = bitmaps(data)
+    ascii_ = ~any_high(maps, offsets)
+    view = np.ndarray(shape=(len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
+    return BatchBytes(data, offsets, view, maps, ascii_, _ASCII_ONLY if ascii_.all() else lower_code_points())
 
 
 _ASCII_ONLY = np.full(1, -1, np.int32)

@@ -129,14 +129,14 @@ def test_remove_mode_cuts_the_matching_span_and_keeps_the_rest(tmp_path):
     assert again.num_rows == 0
 
 
-def test_memory_is_eight_bytes_per_distinct_ngram_a_bucket_start_per_four_and_a_prefix_bitmap(tmp_path):
+def test_memory_is_eight_bytes_per_distinct_ngram_a_bucket_start_per_eight_and_a_prefix_bitmap(tmp_path):
     rng = random.Random(1)
     items = [{"id": str(i), "question": " ".join(words(rng, 100)), "choices": []} for i in range(100)]
     benchmarks = checks_for(tmp_path, items).benchmarks
     assert benchmarks is not None
     assert benchmarks.ngrams == 100 * (100 - 13 + 1)  # 8800: 2**13 <= 8800 < 2**14
-    assert benchmarks.bits == 12
-    assert benchmarks.nbytes == 8 * benchmarks.ngrams + 4 * ((1 << 12) + 1) + (1 << 14) // 8
+    assert benchmarks.bits == 11
+    assert benchmarks.nbytes == 8 * benchmarks.ngrams + 4 * ((1 << 11) + 1) + (1 << 16) // 8
     assert benchmarks.facts["qa"]["items"] == 100
 
 

@@ -1,0 +1,398 @@
+"""The PII prefilter, compiled: where in a batch each type may occur, from the batch's bitmaps.
+
+Every condition here is one that the type's Python pattern in :mod:`tasks.safety.pii` implies
+(or, for the hits that pattern then searches around, one the Hyperscan prefilter this replaces
+implied), so nothing the patterns would find is passed over; the patterns and checks then run on
+the windows around these hits only. Most of a batch is never looked at here: a card number,
+an IPv4 address or a phone number is a chain of digit runs (from the digit bitmap), and the
+other types start at an event byte (``@``, ``:``, ``=``, or the two-byte start of a prefix).
+
+Hits: ``(type, text, start, stop)`` in bytes of the batch; a type's index is its place in
+:data:`tasks.safety.pii.DETECTORS` (the ``KIND_*`` constants below follow that order).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba.cpython.unsafe.numbers import trailing_zeros
+
+from tasks.safety.bitmaps import BLOCK_SHIFT, block_of
+
+PRIVATE_KEY, AWS_KEY, TOKEN, SECRET, EMAIL, CARD_NUMBER, IP_ADDRESS, PHONE = range(8)
+ONE, ZERO = np.uint64(1), np.uint64(0)
+SECRET_LOOKBACK = 256  # bytes from a name's start to its "=" (longer ones are not looked for)
+NAMES = (
+    "password", "passwd", "pwd", "secret", "token", "apikey", "api_key", "api-key",
+    "accesskey", "access_key", "access-key", "authkey", "auth_key", "auth-key",
+    "privatekey", "private_key", "private-key", "credential",
+)  # fmt: skip
+"""What ``tasks.safety.pii.SECRET_NAME`` matches, as plain lower-case strings (``client_secret``
+and ``credentials`` hold ``secret`` and ``credential``)."""
+NAME_BYTES = np.zeros((len(NAMES), max(map(len, NAMES))), np.uint8)
+NAME_LENGTHS = np.array([len(n) for n in NAMES], np.int64)
+for _row, _name in enumerate(NAMES):
+    NAME_BYTES[_row, : len(_name)] = np.frombuffer(_name.encode(), np.uint8)
+
+
+@numba.njit(cache=True)
+def _byte(data, at):
+    return data[at] if 0 <= at < len(data) else np.uint8(0)
+
+
+@numba.njit(cache=True)
+def _is_digit(b):
+    return 48 <= b <= 57
+
+
+@numba.njit(cache=True)
+def _is_alnum(b):
+    return _is_digit(b) or 65 <= b <= 90 or 97 <= b <= 122
+
+
+@numba.njit(cache=True)
+def _is_hex(b):
+    return _is_digit(b) or 65 <= b <= 70 or 97 <= b <= 102
+
+
+@numba.njit(cache=True)
+def _is_space(b):
+    return b == 32 or 9 <= b <= 13
+
+
+@numba.njit(cache=True)
+def _run_of(data, at, stop, kind):
+    """How many bytes from ``at`` (before ``stop``) are of ``kind``: 0 upper-case letters or
+    digits, 1 letters or digits, 2 letters, digits or ``_``, 3 letters, digits or ``-``,
+    4 letters, digits, ``_`` or ``-``."""
+    count = 0
+    while at + count < stop:
+        b = data[at + count]
+        if kind == 0:
+            ok = _is_digit(b) or 65 <= b <= 90
+        else:
+            ok = _is_alnum(b) or (kind in (2, 4) and b == 95) or (kind in (3, 4) and b == 45)
+        if not ok:
+            break
+        count += 1
+    return count
+
+
+@numba.njit(cache=True)
+def _starts_with(data, at, stop, literal):
+    if at + len(literal) > stop:
+        return False
+    k = 0
+    while k < len(literal) and data[at + k] == literal[k]:
+        k += 1
+    return k == len(literal)
+
+
+@numba.njit(cache=True)
+def _push(hits, count, kind, text, start, stop):
+    """Write row ``count`` of ``hits`` when there is room; returns the new count."""
+    if count < len(hits):
+        hits[count, 0], hits[count, 1], hits[count, 2], hits[count, 3] = kind, text, start, stop
+    return count + 1
+
+
+@numba.njit(cache=True)
+def _prefixed(data, at, stop, literals):
+    """The end of a credential with a known prefix starting at ``at``, or -1."""
+    b0, b1 = data[at], _byte(data, at + 1)
+    if b0 == 65:  # A
+        if b1 == 73:  # AIza + 35 of [0-9A-Za-z_-]
+            if _starts_with(data, at, stop, literals[0]) and _run_of(data, at + 4, stop, 4) >= 35:
+                return TOKEN, at + 39
+            return -1, -1
+        for k in range(1, 5):  # AKIA ASIA ABIA ACCA + 16 of [A-Z0-9]
+            if _starts_with(data, at, stop, literals[k]):
+                return (AWS_KEY, at + 20) if _run_of(data, at + 4, stop, 0) >= 16 else (-1, -1)
+        return -1, -1
+    if b0 == 103:  # gh[pousr]_ + 36 alnum, github_pat_ + 22 of [A-Za-z0-9_]
+        b2, b3 = _byte(data, at + 2), _byte(data, at + 3)
+        if b1 == 104 and b2 in (112, 111, 117, 115, 114) and b3 == 95:
+            return (TOKEN, at + 40) if _run_of(data, at + 4, stop, 1) >= 36 else (-1, -1)
+        if _starts_with(data, at, stop, literals[5]):
+            return (TOKEN, at + 33) if _run_of(data, at + 11, stop, 2) >= 22 else (-1, -1)
+        return -1, -1
+    if b0 == 120:  # xox[abprs]- + 10 of [A-Za-z0-9-]
+        b2, b3, b4 = _byte(data, at + 2), _byte(data, at + 3), _byte(data, at + 4)
+        if b1 == 111 and b2 == 120 and b3 in (97, 98, 112, 114, 115) and b4 == 45:
+            return (TOKEN, at + 15) if _run_of(data, at + 5, stop, 3) >= 10 else (-1, -1)
+        return -1, -1
+    if b0 == 115:  # sk- + 20 of [A-Za-z0-9_-], sk_live_ / sk_test_ + 16 alnum
+        b2 = _byte(data, at + 2)
+        if b2 == 45:
+            return (TOKEN, at + 23) if _run_of(data, at + 3, stop, 4) >= 20 else (-1, -1)
+        if _starts_with(data, at, stop, literals[6]) or _starts_with(data, at, stop, literals[7]):
+            return (TOKEN, at + 24) if _run_of(data, at + 8, stop, 1) >= 16 else (-1, -1)
+        return -1, -1
+    if b0 == 66 and _byte(data, at - 1) == 45:  # -----BEGIN [A-Z ]*PRIVATE KEY-----
+        if at - 5 < 0 or not _starts_with(data, at - 5, stop, literals[8]):
+            return -1, -1
+        if not _starts_with(data, at, stop, literals[11]):
+            return -1, -1
+        end = at + 6
+        while end < stop and (65 <= data[end] <= 90 or data[end] == 32):
+            end += 1
+        ends_key = end - 11 >= at + 6 and _starts_with(data, end - 11, stop, literals[9])
+        if ends_key and _starts_with(data, end, stop, literals[10]):
+            return PRIVATE_KEY, end + 5
+    return -1, -1
+
+
+@numba.njit(cache=True)
+def _secret_name_before(data, first, sep, names, lengths):
+    """The start of the run of ``[A-Za-z0-9_.-]`` before ``sep`` (past spaces and a quote) when
+    it holds a secret-like name (any case), else -1."""
+    at = sep - 1
+    while at >= first and _is_space(data[at]):
+        at -= 1
+    if at >= first and (data[at] == 34 or data[at] == 39):
+        at -= 1
+    end = at + 1
+    low = max(first, sep - SECRET_LOOKBACK)
+    while at >= low and (_is_alnum(data[at]) or data[at] in (95, 46, 45)):
+        at -= 1
+    start = at + 1
+    for i in range(start, end):
+        for n in range(len(lengths)):
+            length = lengths[n]
+            if i + length > end:
+                continue
+            same = True
+            for k in range(length):
+                b = data[i + k]
+                if 65 <= b <= 90:
+                    b += 32
+                if b != names[n, k]:
+                    same = False
+                    break
+            if same:
+                return start
+    return -1
+
+
+@numba.njit(cache=True)
+def _secret_value_after(data, at, stop, min_chars):
+    """Whether a value the secret pattern takes follows ``at``: spaces, then a quoted run of at
+    least ``min_chars`` bytes without quotes or spaces, or 16 bare ``[A-Za-z0-9+/=_-]``."""
+    while at < stop and _is_space(data[at]):
+        at += 1
+    if at >= stop:
+        return False
+    quote = data[at]
+    if quote == 34 or quote == 39:
+        end = at + 1
+        while end < stop and data[end] != 34 and data[end] != 39 and not _is_space(data[end]):
+            end += 1
+        return end < stop and data[end] == quote and end - at - 1 >= min_chars
+    count = 0
+    while at + count < stop and count < 16:
+        b = data[at + count]
+        if not (_is_alnum(b) or b in (43, 47, 61, 95, 45)):
+            break
+        count += 1
+    return count >= 16
+
+
+@numba.njit(cache=True)
+def _ipv6_run(data, colon, first, stop):
+    """``(start, stop)`` of the run of hex digits and colons holding the colon at ``colon`` when
+    the IPv6 pattern could match in it, else ``(-1, -1)``; only its first colon reports it. The
+    pattern needs ``hex{1,4}:hex{0,4}:hex`` (the prefilter it replaces), no word byte, ``.`` or
+    ``:`` before the run, no word byte after it, and the check a digit and three groups."""
+    start = colon
+    while start > first and (_is_hex(data[start - 1]) or data[start - 1] == 58):
+        start -= 1
+    for k in range(start, colon):
+        if data[k] == 58:
+            return -1, -1  # an earlier colon of the run reports it
+    end = colon + 1
+    while end < stop and (_is_hex(data[end]) or data[end] == 58):
+        end += 1
+    if (start > first and _is_alnum(data[start - 1])) or (
+        end < stop and (_is_alnum(data[end]) or data[end] == 95)
+    ):
+        return -1, -1
+    groups, digit, shape = 0, False, False
+    size = 0
+    for k in range(start, end):
+        b = data[k]
+        if b == 58:
+            size = 0
+        else:
+            groups += size == 0
+            size += 1
+            digit = digit or _is_digit(b)
+    for k in range(start, end - 2):  # hex{1,4}:hex{0,4}:hex
+        if data[k] != 58 and data[k + 1] == 58:
+            at = k + 2
+            while at < end and at - k - 2 < 4 and data[at] != 58:
+                at += 1
+            if at + 1 < end and data[at] == 58 and data[at + 1] != 58:
+                shape = True
+                break
+    if not (digit and groups >= 3 and shape):
+        return -1, -1
+    return start, end
+
+
+@numba.njit(cache=True)
+def _email_at(data, at, first, stop):
+    """The end of ``[A-Za-z0-9._%+-]@[A-Za-z0-9-]+\\.`` around the ``@`` at ``at``, or -1."""
+    if at - 1 < first:
+        return -1
+    b = data[at - 1]
+    if not (_is_alnum(b) or b in (46, 95, 37, 43, 45)):
+        return -1
+    end = at + 1
+    while end < stop and (_is_alnum(data[end]) or data[end] == 45):
+        end += 1
+    return end + 1 if end > at + 1 and end < stop and data[end] == 46 else -1
+
+
+@numba.njit(cache=True)
+def _digit_runs(digit_bits, first, stop, starts, ends):
+    """The runs of ASCII digits of ``[first, stop)``."""
+    runs = 0
+    inside = False
+    carry = ZERO
+    for j in range(first >> BLOCK_SHIFT, ((stop - 1) >> BLOCK_SHIFT) + 1):
+        x = block_of(digit_bits, j, first, stop)
+        edges = x ^ ((x << ONE) | carry)
+        carry = x >> np.uint64(63)
+        base = j << BLOCK_SHIFT
+        while edges:
+            at = base + trailing_zeros(edges)
+            edges &= edges - ONE
+            if inside:
+                ends[runs] = at
+                runs += 1
+            else:
+                starts[runs] = at
+            inside = not inside
+    if inside:
+        ends[runs] = stop
+        runs += 1
+    return runs
+
+
+@numba.njit(cache=True)
+def _gap_is(data, a, b, c0, c1, c2, c3):
+    """Whether every byte of ``data[a:b]`` (at least one) is one of the four."""
+    if b <= a:
+        return False
+    for k in range(a, b):
+        x = data[k]
+        if x != c0 and x != c1 and x != c2 and x != c3:
+            return False
+    return True
+
+
+@numba.njit(cache=True)
+def pii_hits(
+    data, offsets, digit_bits, event_bits, active, min_secret_chars, literals, names, lengths, capacity
+):
+    """``(count, hits)``: every hit of the active types (``active[type]``) in the batch, as rows
+    ``(type, text, start, stop)``; ``count`` may exceed ``capacity``, and then only the first
+    ``capacity`` rows are filled (the caller calls again with room for all)."""
+    hits = np.empty((capacity, 4), np.int64)
+    count = 0
+    size = 1
+    for t in range(len(offsets) - 1):
+        size = max(size, offsets[t + 1] - offsets[t])
+    starts = np.empty(size // 2 + 1, np.int64)
+    ends = np.empty(size // 2 + 1, np.int64)
+    digits_wanted = active[CARD_NUMBER] or active[IP_ADDRESS] or active[PHONE]
+    for t in range(len(offsets) - 1):
+        first, stop = offsets[t], offsets[t + 1]
+        if stop == first:
+            continue
+        for j in range(first >> BLOCK_SHIFT, ((stop - 1) >> BLOCK_SHIFT) + 1):
+            events = block_of(event_bits, j, first, stop)
+            base = j << BLOCK_SHIFT
+            while events:
+                at = base + trailing_zeros(events)
+                events &= events - ONE
+                b = data[at]
+                if b == 64:  # @
+                    if active[EMAIL]:
+                        end = _email_at(data, at, first, stop)
+                        if end >= 0:
+                            count = _push(hits, count, EMAIL, t, at - 1, end)
+                elif b == 58 or b == 61:  # : =
+                    if active[IP_ADDRESS] and b == 58:
+                        start, end = _ipv6_run(data, at, first, stop)
+                        if start >= 0:
+                            count = _push(hits, count, IP_ADDRESS, t, start, end)
+                    if active[SECRET]:
+                        nxt = _byte(data, at + 1)
+                        two = (b == 58 and nxt == 61) or (b == 61 and nxt == 62)  # := =>
+                        if _secret_value_after(data, at + 1, stop, min_secret_chars) or (
+                            two and _secret_value_after(data, at + 2, stop, min_secret_chars)
+                        ):
+                            start = _secret_name_before(data, first, at, names, lengths)
+                            if start >= 0:
+                                count = _push(hits, count, SECRET, t, start, at + 1 + two)
+                else:
+                    kind, end = _prefixed(data, at, stop, literals)
+                    if kind >= 0 and active[kind]:
+                        start = at - 5 if kind == PRIVATE_KEY else at
+                        count = _push(hits, count, kind, t, start, end)
+        if not digits_wanted:
+            continue
+        runs = _digit_runs(digit_bits, first, stop, starts, ends)
+        r = 0
+        while r < runs:  # chains: digit runs one " " or "-" apart (a card number's digits)
+            last, total = r, ends[r] - starts[r]
+            while last + 1 < runs and starts[last + 1] - ends[last] == 1 and data[ends[last]] in (32, 45):
+                last += 1
+                total += ends[last] - starts[last]
+            if active[CARD_NUMBER] and total >= 13 and not (last == r and total > 19):
+                count = _push(hits, count, CARD_NUMBER, t, starts[r], ends[last])
+            r = last + 1
+        for r in range(runs):
+            if active[IP_ADDRESS] and r + 3 < runs:  # \d{1,3}(\.\d{1,3}){3}
+                ok = True
+                for k in range(3):
+                    if starts[r + k + 1] - ends[r + k] != 1 or data[ends[r + k]] != 46:
+                        ok = False
+                        break
+                if ok and ends[r + 1] - starts[r + 1] <= 3 and ends[r + 2] - starts[r + 2] <= 3:
+                    start = max(starts[r], ends[r] - 3)
+                    count = _push(hits, count, IP_ADDRESS, t, start, min(ends[r + 3], starts[r + 3] + 3))
+            if active[PHONE] and r + 2 < runs:  # \d{2,4}[ .)-]+\d{3,4}[ .-]\d{3,4}
+                a, b_, c = r, r + 1, r + 2
+                if (
+                    ends[a] - starts[a] >= 2
+                    and 3 <= ends[b_] - starts[b_] <= 4
+                    and ends[c] - starts[c] >= 3
+                    and starts[c] - ends[b_] == 1
+                    and data[ends[b_]] in (32, 46, 45)
+                    and _gap_is(data, ends[a], starts[b_], 32, 46, 41, 45)
+                ):
+                    start = max(starts[a], ends[a] - 4)
+                    count = _push(hits, count, PHONE, t, start, min(ends[c], starts[c] + 4))
+    return count, hits
+
+
+LITERALS = tuple(
+    np.frombuffer(s.encode(), np.uint8)
+    for s in (
+        "AIza",
+        "AKIA",
+        "ASIA",
+        "ABIA",
+        "ACCA",
+        "github_pat_",
+        "sk_live_",
+        "sk_test_",
+        "-----",
+        "PRIVATE KEY",
+        "-----",
+        "BEGIN ",
+    )
+)
+"""The prefixes :func:`_prefixed` compares, by index."""
