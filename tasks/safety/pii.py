@@ -201,12 +201,13 @@ DETECTORS = (
         "email",
         re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.)+[A-Za-z]{2,24}\b"),
         whole(_email),
-        (72, 320),  # a local part of up to 64 before the "@", a domain of up to 255 after it
+        (0, 2),  # the hit runs from the local part's start to the domain's end
     ),
     Detector(
         "card_number",
         re.compile(r"(?<![\d.-])\d(?:[ -]?\d){12,18}(?![\d-])"),
         whole(_card),
+        (2, 2),  # the hit is the chain of digit runs; a look-ahead needs a character after it
     ),
     Detector(
         "ip_address",
@@ -214,6 +215,7 @@ DETECTORS = (
             r"(?<![\w.:])(?:\d{1,3}(?:\.\d{1,3}){3}(?!\.?\w)|(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:]))"
         ),
         whole(_ip),
+        (4, 4),  # the hit holds the whole address (IPv4's four groups, IPv6's run of hex and colons)
     ),
     Detector(
         "phone",
@@ -221,6 +223,7 @@ DETECTORS = (
             r"(?<![\w+.-])(?<!\d[ .-])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?|\d{2,4}[ .-])\d{3,4}[ .-]\d{3,4}(?![\w-]|[ .-]\d)"
         ),
         whole(_phone),
+        (8, 4),  # before the hit: a country code, a parenthesis
     ),
 )
 """In priority order: where two matches overlap, the earlier type's wins (a key block's lines

@@ -240,17 +240,30 @@ def _ipv6_run(data, colon, first, stop):
 
 
 @numba.njit(cache=True)
-def _email_at(data, at, first, stop):
-    """The end of ``[A-Za-z0-9._%+-]@[A-Za-z0-9-]+\\.`` around the ``@`` at ``at``, or -1."""
-    if at - 1 < first:
-        return -1
-    b = data[at - 1]
-    if not (_is_alnum(b) or b in (46, 95, 37, 43, 45)):
-        return -1
-    end = at + 1
-    while end < stop and (_is_alnum(data[end]) or data[end] == 45):
+def _is_local(b):
+    return _is_alnum(b) or b in (46, 95, 37, 43, 45)  # . _ % + -
+
+
+@numba.njit(cache=True)
+def _email_around(data, at, first, stop):
+    """``(start, stop)`` of the run of local-part bytes before the ``@`` at ``at`` and of domain
+    bytes after it, when ``[A-Za-z0-9._%+-]@[A-Za-z0-9-]+\\.`` matches there (the prefilter this
+    replaces), else ``(-1, -1)``: an address the pattern finds lies inside (its local part
+    starts where such a run does, its domain is such bytes)."""
+    if at - 1 < first or not _is_local(data[at - 1]):
+        return -1, -1
+    label = at + 1
+    while label < stop and (_is_alnum(data[label]) or data[label] == 45):
+        label += 1
+    if label == at + 1 or label >= stop or data[label] != 46:
+        return -1, -1
+    start = at - 1
+    while start > first and _is_local(data[start - 1]):
+        start -= 1
+    end = label
+    while end < stop and (_is_alnum(data[end]) or data[end] == 45 or data[end] == 46):
         end += 1
-    return end + 1 if end > at + 1 and end < stop and data[end] == 46 else -1
+    return start, end
 
 
 @numba.njit(cache=True)
@@ -319,9 +332,9 @@ def pii_hits(
                 b = data[at]
                 if b == 64:  # @
                     if active[EMAIL]:
-                        end = _email_at(data, at, first, stop)
-                        if end >= 0:
-                            count = _push(hits, count, EMAIL, t, at - 1, end)
+                        start, end = _email_around(data, at, first, stop)
+                        if start >= 0:
+                            count = _push(hits, count, EMAIL, t, start, end)
                 elif b == 58 or b == 61:  # : =
                     if active[IP_ADDRESS] and b == 58:
                         start, end = _ipv6_run(data, at, first, stop)
