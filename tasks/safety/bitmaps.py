@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 U8 = np.uint8
 ONE, ZERO = np.uint64(1), np.uint64(0)
@@ -53,7 +54,7 @@ def _classes(data, out):
 
 LOW_BITS = np.uint64(0x0101010101010101)
 GATHER = np.uint64(0x0102040810204080)  # bit 8i (i < 8) of x lands on bit 56 + i of x * GATHER
-S56 = np.uint64(56)
+S56, S63 = np.uint64(56), np.uint64(63)
 
 
 @numba.njit(cache=True, inline="always")
@@ -111,19 +112,53 @@ def block_of(bitmap, j, first, stop):
     return x
 
 
+@numba.njit(cache=True, inline="always")
+def set_runs(bitmap, extra, with_extra, first, stop, starts, ends):
+    """The maximal runs of set bits of ``bitmap`` (or'ed with ``extra`` when ``with_extra``)
+    over bytes ``[first, stop)``, into ``starts``/``ends``; returns how many. The edges are the
+    set bits of ``x ^ (x << 1)``, walked with ``trailing_zeros``: a few instructions per edge."""
+    runs = 0
+    inside = False
+    carry = ZERO
+    for j in range(first >> BLOCK_SHIFT, ((stop - 1) >> BLOCK_SHIFT) + 1):
+        x = block_of(bitmap, j, first, stop)
+        if with_extra:
+            x |= block_of(extra, j, first, stop)
+        edges = x ^ ((x << ONE) | carry)
+        carry = x >> S63
+        base = j << BLOCK_SHIFT
+        while edges:
+            at = base + trailing_zeros(edges)
+            edges &= edges - ONE
+            if inside:
+                ends[runs] = at
+                runs += 1
+            else:
+                starts[runs] = at
+            inside = not inside
+    if inside:
+        ends[runs] = stop
+        runs += 1
+    return runs
+
+
 def any_high(maps: Bitmaps, offsets: np.ndarray) -> np.ndarray:
     """Per text: whether it holds a non-ASCII byte."""
     return _any_high(maps.high, offsets)
+
+
+@numba.njit(cache=True, inline="always")
+def any_set(bitmap, first, stop):
+    """Whether any byte of ``[first, stop)`` (not empty) has its bit set."""
+    for j in range(first >> BLOCK_SHIFT, ((stop - 1) >> BLOCK_SHIFT) + 1):
+        if block_of(bitmap, j, first, stop):
+            return True
+    return False
 
 
 @numba.njit(cache=True)
 def _any_high(high, offsets):
     out = np.zeros(len(offsets) - 1, np.bool_)
     for t in range(len(offsets) - 1):
-        first, stop = offsets[t], offsets[t + 1]
-        if stop > first:
-            for j in range(first >> BLOCK_SHIFT, ((stop - 1) >> BLOCK_SHIFT) + 1):
-                if block_of(high, j, first, stop):
-                    out[t] = True
-                    break
+        out[t] = offsets[t + 1] > offsets[t] and any_set(high, offsets[t], offsets[t + 1])
     return out

@@ -17,7 +17,7 @@ import numba
 import numpy as np
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from tasks.safety.bitmaps import BLOCK_SHIFT, block_of
+from tasks.safety.bitmaps import BLOCK_SHIFT, block_of, set_runs
 
 PRIVATE_KEY, AWS_KEY, TOKEN, SECRET, EMAIL, CARD_NUMBER, IP_ADDRESS, PHONE = range(8)
 ONE, ZERO = np.uint64(1), np.uint64(0)
@@ -267,32 +267,6 @@ def _email_around(data, at, first, stop):
 
 
 @numba.njit(cache=True)
-def _digit_runs(digit_bits, first, stop, starts, ends):
-    """The runs of ASCII digits of ``[first, stop)``."""
-    runs = 0
-    inside = False
-    carry = ZERO
-    for j in range(first >> BLOCK_SHIFT, ((stop - 1) >> BLOCK_SHIFT) + 1):
-        x = block_of(digit_bits, j, first, stop)
-        edges = x ^ ((x << ONE) | carry)
-        carry = x >> np.uint64(63)
-        base = j << BLOCK_SHIFT
-        while edges:
-            at = base + trailing_zeros(edges)
-            edges &= edges - ONE
-            if inside:
-                ends[runs] = at
-                runs += 1
-            else:
-                starts[runs] = at
-            inside = not inside
-    if inside:
-        ends[runs] = stop
-        runs += 1
-    return runs
-
-
-@numba.njit(cache=True)
 def _gap_is(data, a, b, c0, c1, c2, c3):
     """Whether every byte of ``data[a:b]`` (at least one) is one of the four."""
     if b <= a:
@@ -356,7 +330,7 @@ def pii_hits(
                         count = _push(hits, count, kind, t, start, end)
         if not digits_wanted:
             continue
-        runs = _digit_runs(digit_bits, first, stop, starts, ends)
+        runs = set_runs(digit_bits, digit_bits, False, first, stop, starts, ends)
         r = 0
         while r < runs:  # chains: digit runs one " " or "-" apart (a card number's digits)
             last, total = r, ends[r] - starts[r]

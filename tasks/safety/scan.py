@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba.cpython.unsafe.numbers import trailing_zeros
 
-from tasks.safety.bitmaps import BLOCK_SHIFT, block_of
+from tasks.safety.bitmaps import any_set, set_runs
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -34,7 +33,6 @@ ONE = np.uint64(1)
 LOW32 = np.uint64(0xFFFFFFFF)
 LOW6, SIX = np.uint64(63), np.uint64(6)
 ZERO = np.uint64(0)
-S63 = np.uint64(63)
 CASE_BIT = np.uint64(0x2020202020202020)
 BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
 
@@ -184,35 +182,6 @@ def _eight_bytes(view, at):
 
 
 @numba.njit(cache=True, inline="always")
-def _runs(word_bits, high_bits, with_high, first, stop, run_start, run_end):
-    """The runs of word bytes (and, ``with_high``, non-ASCII bytes) of ``[first, stop)``, from
-    the bitmaps: the edges are the set bits of ``x ^ (x << 1)``, walked with ``trailing_zeros``."""
-    runs = 0
-    inside = False
-    carry = ZERO
-    for j in range(first >> BLOCK_SHIFT, ((stop - 1) >> BLOCK_SHIFT) + 1):
-        x = block_of(word_bits, j, first, stop)
-        if with_high:
-            x |= block_of(high_bits, j, first, stop)
-        edges = x ^ ((x << ONE) | carry)
-        carry = x >> S63
-        base = j << BLOCK_SHIFT
-        while edges:
-            at = base + trailing_zeros(edges)
-            edges &= edges - ONE
-            if inside:
-                run_end[runs] = at
-                runs += 1
-            else:
-                run_start[runs] = at
-            inside = not inside
-    if inside:
-        run_end[runs] = stop
-        runs += 1
-    return runs
-
-
-@numba.njit(cache=True, inline="always")
 def _ascii_hashes(view, runs, run_start, run_end, out):
     """``_word_hash`` of each run read straight from the batch: an ASCII word's bytes are letters
     and digits, and setting bit 5 of each lower-cases the letters and keeps the digits. The
@@ -234,45 +203,23 @@ def _ascii_hashes(view, runs, run_start, run_end, out):
 
 
 @numba.njit(cache=True, inline="always")
-def _has_high(high_bits, first, stop):
-    for j in range(first >> BLOCK_SHIFT, ((stop - 1) >> BLOCK_SHIFT) + 1):
-        if block_of(high_bits, j, first, stop):
-            return True
-    return False
-
-
-@numba.njit(cache=True, inline="always")
-def _text_words(
-    data,
-    view,
-    word_bits,
-    high_bits,
-    ascii_,
-    t,
-    offsets,
-    table,
-    lower,
-    lowered,
-    run_start,
-    run_end,
-    run_hash,
-    word_hash,
-):
+def _text_words(data, view, word_bits, high_bits, ascii_, t, offsets, table, lower, scratch):
     """Text ``t``'s word hashes, in ``word_hash``; returns how many. Its runs of ASCII letters,
     digits and (in a text that has them) non-ASCII bytes come from the bitmaps and are hashed as
     ASCII words; a run with a non-ASCII byte is lower-cased by the code-point table instead,
-    which also splits it where a character is no letter or digit."""
+    which also splits it where a character is no letter or digit. ``scratch``: ``_buffers``."""
+    lowered, run_start, run_end, run_hash, word_hash, _ = scratch
     first, stop = offsets[t], offsets[t + 1]
     if stop == first:
         return 0
-    runs = _runs(word_bits, high_bits, not ascii_[t], first, stop, run_start, run_end)
+    runs = set_runs(word_bits, high_bits, not ascii_[t], first, stop, run_start, run_end)
     if ascii_[t]:
         _ascii_hashes(view, runs, run_start, run_end, word_hash)
         return runs
     _ascii_hashes(view, runs, run_start, run_end, run_hash)
     words = 0
     for r in range(runs):
-        if not _has_high(high_bits, run_start[r], run_end[r]):
+        if not any_set(high_bits, run_start[r], run_end[r]):
             word_hash[words] = run_hash[r]
             words += 1
             continue
@@ -294,29 +241,15 @@ def _text_words(
 def ngram_hashes(data, view, word_bits, high_bits, ascii_, offsets, n, table, lower):
     """``(hashes, text of each, words per text)`` of every n-gram inside one text (to build a set)."""
     texts = len(offsets) - 1
-    lowered, run_start, run_end, run_hash, word_hash, grams = _buffers(offsets)
+    scratch = _buffers(offsets)
+    word_hash, grams = scratch[4], scratch[5]
     words_per_text = np.zeros(texts, np.int64)
     capacity = 1024
     out_hashes = np.empty(capacity, np.uint64)
     out_text = np.empty(capacity, np.int64)
     count = 0
     for t in range(texts):
-        words = _text_words(
-            data,
-            view,
-            word_bits,
-            high_bits,
-            ascii_,
-            t,
-            offsets,
-            table,
-            lower,
-            lowered,
-            run_start,
-            run_end,
-            run_hash,
-            word_hash,
-        )
+        words = _text_words(data, view, word_bits, high_bits, ascii_, t, offsets, table, lower, scratch)
         total = _rolling_grams(word_hash, words, n, grams)
         words_per_text[t] = words
         if count + total > capacity:
@@ -361,7 +294,8 @@ def find_ngrams(
     filled (the caller calls again with room for all). Texts with ``skip`` set are passed over.
     A text's n-grams read the set's bitmap of hash prefixes in one loop of independent loads;
     the few that pass read their bucket and compare its fingerprints."""
-    lowered, run_start, run_end, run_hash, word_hash, grams = _buffers(offsets)
+    scratch = _buffers(offsets)
+    word_hash, grams = scratch[4], scratch[5]
     passed = np.empty(len(grams), np.uint64)
     hit_text = np.empty(capacity, np.int64)
     hit_word = np.empty(capacity, np.int64)
@@ -370,22 +304,7 @@ def find_ngrams(
     for t in range(len(offsets) - 1):
         if skip[t]:
             continue
-        words = _text_words(
-            data,
-            view,
-            word_bits,
-            high_bits,
-            ascii_,
-            t,
-            offsets,
-            table,
-            lower,
-            lowered,
-            run_start,
-            run_end,
-            run_hash,
-            word_hash,
-        )
+        words = _text_words(data, view, word_bits, high_bits, ascii_, t, offsets, table, lower, scratch)
         total = _rolling_grams(word_hash, words, n, grams)
         for i in range(total):
             passed[i] = _maybe(grams[i], bits, bits_shift)

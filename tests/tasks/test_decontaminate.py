@@ -8,12 +8,16 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from tasks.safety.config import BenchmarkConfig, DecontaminationConfig, SafetyConfig
 from tasks.safety.decontaminate import BenchmarkError, BenchmarkSet
+from tasks.safety.scan import ngram_hashes
 from tasks.safety.screen import SafetyChecks, apply_safety
+from tasks.safety.words import LOWER_WORD, PY_WORD, batch_bytes, string_hashes
+from tasks.text_bytes import mix64
 from tests.tasks.safety_support import documents
 
 VOCABULARY = [f"tok{i}" for i in range(5_000)]
@@ -127,6 +131,29 @@ def test_remove_mode_cuts_the_matching_span_and_keeps_the_rest(tmp_path):
     # what was kept no longer shares an n-gram with the benchmark
     _, again, _ = apply_safety(kept, checks)
     assert again.num_rows == 0
+
+
+def test_words_of_mixed_ascii_and_unicode_texts_are_pythons_words_lower_cased():
+    """The compiled words (runs of the word bitmap, a run with a non-ASCII byte lower-cased by
+    the code-point table and split at characters that are no letter or digit) are Python's
+    ``[^\\W_]+`` words lower-cased, in texts with and without non-ASCII characters."""
+    rng = random.Random(7)
+    pieces = ["Énergie", "CINÉTIQUE", "straße", "naïve", "ΑΒΓ", "中文", "x—y", "a–b…c", "Ünï_code",
+              "plain", "ASCII", "w0rd5", "1234567890abcdefghij", "é", "—", " ", "\n", ", ", "_", "--"]  # fmt: skip
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randrange(0, 60))) for _ in range(200)]
+    texts += ["only ascii words here", "", "ü"]
+    batch = batch_bytes(pa.array(texts, pa.string()))
+    assert not batch.ascii.all() and batch.ascii.any()
+    grams, text_of, counts = ngram_hashes(
+        batch.data, batch.view, batch.maps.words, batch.maps.high, batch.ascii, batch.offsets, 1,
+        LOWER_WORD, batch.lower,
+    )  # fmt: skip
+    for index, text in enumerate(texts):
+        expected = [w.lower() for w in PY_WORD.findall(text)]
+        assert counts[index] == len(expected), text
+        if expected:
+            hashes = mix64(string_hashes(pa.array(expected, pa.string())))
+            assert np.array_equal(grams[text_of == index], hashes), text
 
 
 def test_memory_is_eight_bytes_per_distinct_ngram_a_bucket_start_per_eight_and_a_prefix_bitmap(tmp_path):
