@@ -98,7 +98,7 @@ def _replaced(column: pa.Array, texts: dict[int, str]) -> pa.Array:
 
 
 def _contamination(
-    column: pa.Array, benchmarks: BenchmarkSet, batch: BatchBytes, redacted: list[int]
+    column: pa.Array, benchmarks: BenchmarkSet, batch: BatchBytes | None, redacted: list[int]
 ) -> Contamination:
     """``find_contamination`` of ``column``, reading ``batch`` (the bytes before redaction) for
     the texts PII left alone and the redacted texts' own bytes for the others."""
@@ -125,8 +125,9 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
     details: list[str] = [""] * n
     column = table.column("text").combine_chunks()
 
-    batch = batch_bytes(column)  # the bitmaps both PII and decontamination read
     modes = config.pii.active()
+    wanted = modes or checks.benchmarks is not None
+    batch = batch_bytes(column) if wanted else None  # the bitmaps both PII and decontamination read
     findings = find_pii(column, config.pii, batch) if modes else None
     redacted: dict[int, str] = {}
     if findings is not None:
