@@ -126,8 +126,8 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
     column = table.column("text").combine_chunks()
 
     modes = config.pii.active()
-    wanted = modes or checks.benchmarks is not None
-    batch = batch_bytes(column) if wanted else None  # the bitmaps both PII and decontamination read
+    reads_bytes = bool(modes) or checks.benchmarks is not None  # a blocklist alone reads metas only
+    batch = batch_bytes(column) if reads_bytes else None  # the bitmaps both PII and decontamination read
     findings = find_pii(column, config.pii, batch) if modes else None
     redacted: dict[int, str] = {}
     if findings is not None:
