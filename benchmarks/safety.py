@@ -242,7 +242,7 @@ def memory_of_set(work: Path, ngrams: int) -> dict[str, float]:
         "held_mb": round(built.nbytes / 1e6, 1),
         "bytes_per_ngram": round(built.nbytes / distinct, 2),
         "bucket_starts_mb": round(built.buckets.nbytes / 1e6, 1),
-        "prefix_bitmap_mb": round(built.prefixes.nbytes / 1e6, 2),
+        "bloom_filter_mb": round(built.filter.nbytes / 1e6, 2),
         "held_mb_for_10m": round(ten_million.nbytes / 1e6, 1),
         "build_peak_mb": round(peak / 1e6, 1),
     }

@@ -3,17 +3,21 @@ held as sorted fingerprints in buckets, and the documents that share one.
 
 Memory: a distinct n-gram takes 4 bytes for the low 32 bits of its hash and 4 for the index
 of the item that holds it (the detail names the item); its bucket, the hash's top ``bits``
-bits (about an eighth as many buckets as n-grams), is where it lies in the sorted array, and
-the bucket starts take 4 bytes per bucket; a bitmap of the top ``bits + 5`` bits (4 bytes per
-bucket, about a quarter of its bits set) turns about three n-grams of a document in four away
-before they read a bucket: about 9.5 bytes per n-gram, a 10 M n-gram set about 97 MB
-(``benchmarks/safety.py`` prints the measured figure). The lookups run in
-:func:`tasks.safety.scan.find_ngrams`, every n-gram of a batch in one compiled pass.
+bits (8 to 16 n-grams a bucket), is where it lies in the sorted array, and the bucket starts
+take 4 bytes per bucket. A blocked Bloom filter, two 64-bit words per bucket (the hash's top
+``bits + 1`` bits choose the word, three 6-bit fields of its low bits the three bits it sets
+there), turns about 97 n-grams of a document in 100 away before they read a bucket (measured
+on the benchmark's set of 1 M n-grams; a bitmap of one bit per n-gram and 4 bits per n-gram,
+as before, let one in five through, and the bucket reads were a third of the lookup time).
+About 10 bytes per n-gram: a 10 M n-gram set takes about 101 MB (``benchmarks/safety.py``
+prints the measured figure). The lookups run in :func:`tasks.safety.scan.find_ngrams`, every
+n-gram of a batch in one compiled pass.
 
 False matches: a document's n-gram matches a different benchmark n-gram when the two hashes
-agree on the ``bits + 32`` bits kept, about ``occupancy * 2**-32`` per n-gram checked (the
-occupancy, n-grams per bucket, is 4 to 8): about 1.1e-9 per n-gram checked for a 10 M set, one
-false match in some 9e8 n-grams (the full 64-bit hashes would give 5e-13, at 137 MB).
+agree on the ``bits + 32`` bits kept (the filter's bits are among them), about
+``occupancy * 2**-32`` per n-gram checked (the occupancy, n-grams per bucket, is 8 to 16):
+about 2.2e-9 per n-gram checked for a 10 M set, one false match in some 4.5e8 n-grams (the
+full 64-bit hashes would give 5e-13, at 137 MB).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from tasks.safety.words import LOWER_WORD, BatchBytes, batch_bytes, string_hashe
 from tasks.stage import ConfigError
 
 MIN_BUCKET_BITS = 8
-PREFIX_EXTRA_BITS = 5  # the bitmap has 32 bits per bucket, about 4 bits per n-gram: about 1 in 4 set
+BUCKET_BITS_BELOW = 4  # 2**(bit length of N - 4) buckets: 8 to 16 n-grams a bucket
+FILTER_WORD_BITS = -1  # the filter's words: 2**(bits + 1), two per bucket: 8 to 16 bits an n-gram
 
 
 class BenchmarkError(ConfigError):
@@ -105,9 +110,7 @@ class BenchmarkSet:
     item_starts: np.ndarray  # global index of each benchmark's first item
     item_ids: list[str]
     bits: int
-    prefixes: np.ndarray = field(
-        repr=False
-    )  # a bitmap of the hashes' top bits + PREFIX_EXTRA_BITS, as uint64 words
+    filter: np.ndarray = field(repr=False)  # the blocked Bloom filter, uint64 words
     buckets: np.ndarray = field(repr=False)
     fingerprints: np.ndarray = field(repr=False)
     items: np.ndarray = field(repr=False)
@@ -155,17 +158,15 @@ class BenchmarkSet:
         facts: dict[str, dict[str, Any]] | None = None,
     ) -> BenchmarkSet:
         """The set of sorted, distinct ``hashes`` (``items``: the item of each)."""
-        bits = max(int(len(hashes)).bit_length() - 3, MIN_BUCKET_BITS)  # 4 to 8 n-grams a bucket
+        bits = max(int(len(hashes)).bit_length() - BUCKET_BITS_BELOW, MIN_BUCKET_BITS)
         buckets = np.searchsorted(hashes >> np.uint64(64 - bits), np.arange((1 << bits) + 1, dtype=np.uint64))
-        prefixes = np.zeros(1 << (bits + PREFIX_EXTRA_BITS), bool)
-        prefixes[hashes >> np.uint64(64 - bits - PREFIX_EXTRA_BITS)] = True
         return cls(
             n,
             names,
             item_starts,
             item_ids,
             bits,
-            np.packbits(prefixes, bitorder="little").view(np.uint64),
+            scan.bloom_filter(hashes, bits - FILTER_WORD_BITS),
             buckets.astype(np.uint32),
             (hashes & np.uint64(0xFFFFFFFF)).astype(np.uint32),
             items.astype(np.uint32),
@@ -178,13 +179,13 @@ class BenchmarkSet:
 
     @property
     def nbytes(self) -> int:
-        return int(self.prefixes.nbytes + self.buckets.nbytes + self.fingerprints.nbytes + self.items.nbytes)
+        return int(self.filter.nbytes + self.buckets.nbytes + self.fingerprints.nbytes + self.items.nbytes)
 
     def lookup_args(self) -> tuple:
-        """What the compiled lookups take: the bitmap, its shift, the buckets, theirs, the fingerprints."""
+        """What the compiled lookups take: the filter, its shift, the buckets, theirs, the fingerprints."""
         return (
-            self.prefixes,
-            np.uint64(64 - self.bits - PREFIX_EXTRA_BITS),
+            self.filter,
+            np.uint64(64 - self.bits + FILTER_WORD_BITS),
             self.buckets,
             np.uint64(64 - self.bits),
             self.fingerprints,

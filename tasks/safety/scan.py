@@ -5,7 +5,7 @@ A text's words come from the batch's word bitmap (:mod:`tasks.safety.bitmaps`): 
 walked with ``trailing_zeros``, the words' first eight bytes hashed in one vectorised loop (the
 longer words' rest after), a run with a non-ASCII byte lower-cased by a table per code point
 (made from Arrow's ``utf8_lower``) and split where a character is no letter or digit. The
-n-gram hashes are rolled over the word hashes, the set's prefix bitmap read for all of them in
+n-gram hashes are rolled over the word hashes, the set's Bloom filter read for all of them in
 one loop of independent loads, then the few that pass compare the fingerprints of their bucket
 (see :mod:`tasks.safety.decontaminate`). Before, a branch per byte (is it in a word?) took most
 of the time: it mispredicted at every word edge.
@@ -31,7 +31,7 @@ WORD_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd, so the n-gram polynomial is in
 S30, S27, S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 ONE = np.uint64(1)
 LOW32 = np.uint64(0xFFFFFFFF)
-LOW6, SIX = np.uint64(63), np.uint64(6)
+LOW6, SIX, TWELVE = np.uint64(63), np.uint64(6), np.uint64(12)
 ZERO = np.uint64(0)
 CASE_BIT = np.uint64(0x2020202020202020)
 BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
@@ -264,10 +264,27 @@ def ngram_hashes(data, view, word_bits, high_bits, ascii_, offsets, n, table, lo
 
 
 @numba.njit(cache=True, inline="always")
-def _maybe(gram, bits, bits_shift):
-    """Whether the bit of ``gram``'s top bits is set in the bitmap ``bits`` (uint64 words)."""
-    at = gram >> bits_shift
-    return (bits[at >> SIX] >> (at & LOW6)) & ONE
+def _filter_bits(gram):
+    """The three bits ``gram`` sets in its word of the Bloom filter (6-bit fields of its low bits)."""
+    return (ONE << (gram & LOW6)) | (ONE << ((gram >> SIX) & LOW6)) | (ONE << ((gram >> TWELVE) & LOW6))
+
+
+@numba.njit(cache=True)
+def bloom_filter(hashes, word_bits):
+    """The blocked Bloom filter of ``hashes``: ``2**word_bits`` uint64 words, a hash's top
+    ``word_bits`` bits choosing its word."""
+    words = np.zeros(1 << word_bits, np.uint64)
+    shift = np.uint64(64 - word_bits)
+    for h in hashes:
+        words[h >> shift] |= _filter_bits(h)
+    return words
+
+
+@numba.njit(cache=True, inline="always")
+def _may_hold(gram, words, words_shift):
+    """Whether the Bloom filter ``words`` may hold ``gram`` (all its bits are set)."""
+    bits = _filter_bits(gram)
+    return (words[gram >> words_shift] & bits) == bits
 
 
 @numba.njit(cache=True)
@@ -282,8 +299,8 @@ def find_ngrams(
     n,
     table,
     lower,
-    bits,
-    bits_shift,
+    filter_words,
+    filter_shift,
     buckets,
     shift,
     fingerprints,
@@ -292,11 +309,13 @@ def find_ngrams(
     """The n-grams of a batch that are in the set: ``(count, text, first word, index in the
     set)`` of each; ``count`` may exceed ``capacity``, and then only the first ``capacity`` are
     filled (the caller calls again with room for all). Texts with ``skip`` set are passed over.
-    A text's n-grams read the set's bitmap of hash prefixes in one loop of independent loads;
-    the few that pass read their bucket and compare its fingerprints."""
+    A text's n-grams read the set's Bloom filter in one loop of independent loads; the few
+    that pass read their bucket bounds in a second and compare the bucket's fingerprints in a
+    third (a load that misses the cache waits for no other)."""
     scratch = _buffers(offsets)
     word_hash, grams = scratch[4], scratch[5]
-    passed = np.empty(len(grams), np.uint64)
+    passed = np.empty(len(grams), np.int64)
+    low, high = np.empty(len(grams), np.int64), np.empty(len(grams), np.int64)
     hit_text = np.empty(capacity, np.int64)
     hit_word = np.empty(capacity, np.int64)
     hit_at = np.empty(capacity, np.int64)
@@ -306,16 +325,31 @@ def find_ngrams(
             continue
         words = _text_words(data, view, word_bits, high_bits, ascii_, t, offsets, table, lower, scratch)
         total = _rolling_grams(word_hash, words, n, grams)
-        for i in range(total):
-            passed[i] = _maybe(grams[i], bits, bits_shift)
-        for i in range(total):
-            if passed[i]:
-                at = _find(grams[i], buckets, shift, fingerprints)
-                if at >= 0:
+        kept = 0
+        for i in range(total):  # no branch: the loads of the filter overlap
+            passed[kept] = i
+            kept += _may_hold(grams[i], filter_words, filter_shift)
+        for k in range(kept):  # the bucket bounds of all of them, as independent loads
+            bucket = grams[passed[k]] >> shift
+            low[k], high[k] = buckets[bucket], buckets[bucket + 1]
+        for k in range(kept):
+            fingerprint = np.uint32(grams[passed[k]] & LOW32)
+            for at in range(low[k], high[k]):
+                if fingerprints[at] == fingerprint:
                     if count < capacity:
-                        hit_text[count], hit_word[count], hit_at[count] = t, i, at
+                        hit_text[count], hit_word[count], hit_at[count] = t, passed[k], at
                     count += 1
+                    break
     return count, hit_text, hit_word, hit_at
+
+
+@numba.njit(cache=True)
+def may_hold(grams, filter_words, filter_shift):
+    """Per hash: whether the Bloom filter may hold it."""
+    out = np.empty(len(grams), np.bool_)
+    for i in range(len(grams)):
+        out[i] = _may_hold(grams[i], filter_words, filter_shift)
+    return out
 
 
 @numba.njit(cache=True)
@@ -328,13 +362,16 @@ def text_words(data, start, stop, table, lower):
 
 
 @numba.njit(cache=True)
-def grams_in_set(word_hashes, n, bits, bits_shift, buckets, shift, fingerprints):
+def grams_in_set(word_hashes, n, filter_words, filter_shift, buckets, shift, fingerprints):
     """Per n-gram of one text's word hashes: whether it is in the set."""
     grams = np.empty(len(word_hashes) + 1, np.uint64)
     total = _rolling_grams(word_hashes, len(word_hashes), n, grams)
     hit = np.zeros(total, np.bool_)
     for i in range(total):
-        hit[i] = _maybe(grams[i], bits, bits_shift) and _find(grams[i], buckets, shift, fingerprints) >= 0
+        hit[i] = (
+            _may_hold(grams[i], filter_words, filter_shift)
+            and _find(grams[i], buckets, shift, fingerprints) >= 0
+        )
     return hit
 
 

@@ -153,9 +153,9 @@ def test_curate_with_benchmarks_pii_and_blocklist_publishes_a_safe_version(tmp_p
     }
     assert web["blocked"] == {"spam": 3, "leaks": 1}
     assert web["pii"]["email"]["found"] == 12 and web["redacted_documents"] == 9  # 12 minus 3 quarantined
-    # 8 bytes per n-gram, 2**8 + 1 bucket starts (the fewest), a bitmap of 2**13 bits
+    # 8 bytes per n-gram, 2**8 + 1 bucket starts (the fewest), a Bloom filter of 2**9 words
     distinct = report["extra"]["benchmarks"]["distinct_ngrams"]
-    assert report["extra"]["benchmarks"]["memory_bytes"] == 8 * distinct + 4 * 257 + 1024
+    assert report["extra"]["benchmarks"]["memory_bytes"] == 8 * distinct + 4 * 257 + 8 * 512
     details = column(repo, version.tag, "quarantine/safety/web/", "detail")
     assert any("benchmark science item sci-1" in d for d in details)
     assert any("is on blocklist leaks: news.example.org/private" in d for d in details)

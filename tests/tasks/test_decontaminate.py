@@ -14,7 +14,7 @@ import pytest
 
 from tasks.safety.config import BenchmarkConfig, DecontaminationConfig, SafetyConfig
 from tasks.safety.decontaminate import BenchmarkError, BenchmarkSet
-from tasks.safety.scan import ngram_hashes
+from tasks.safety.scan import may_hold, ngram_hashes
 from tasks.safety.screen import SafetyChecks, apply_safety
 from tasks.safety.words import LOWER_WORD, PY_WORD, batch_bytes, string_hashes
 from tasks.text_bytes import mix64
@@ -156,15 +156,27 @@ def test_words_of_mixed_ascii_and_unicode_texts_are_pythons_words_lower_cased():
             assert np.array_equal(grams[text_of == index], hashes), text
 
 
-def test_memory_is_eight_bytes_per_distinct_ngram_a_bucket_start_per_eight_and_a_prefix_bitmap(tmp_path):
+def test_memory_is_eight_bytes_an_ngram_with_a_bucket_start_and_two_filter_words_a_bucket(tmp_path):
     rng = random.Random(1)
     items = [{"id": str(i), "question": " ".join(words(rng, 100)), "choices": []} for i in range(100)]
     benchmarks = checks_for(tmp_path, items).benchmarks
     assert benchmarks is not None
     assert benchmarks.ngrams == 100 * (100 - 13 + 1)  # 8800: 2**13 <= 8800 < 2**14
-    assert benchmarks.bits == 11
-    assert benchmarks.nbytes == 8 * benchmarks.ngrams + 4 * ((1 << 11) + 1) + (1 << 16) // 8
+    assert benchmarks.bits == 10  # 8 to 16 n-grams a bucket
+    assert benchmarks.nbytes == 8 * benchmarks.ngrams + 4 * ((1 << 10) + 1) + 8 * (1 << 11)
     assert benchmarks.facts["qa"]["items"] == 100
+
+
+def test_the_bloom_filter_passes_every_ngram_of_the_set_and_few_others():
+    rng = np.random.default_rng(5)
+    hashes = np.unique(rng.integers(0, 2**63, 200_000, np.uint64) * np.uint64(2))
+    benchmarks = BenchmarkSet.of_hashes(
+        13, ["b"], np.zeros(1, np.int64), ["0"], hashes, np.zeros(len(hashes))
+    )
+    words, shift = benchmarks.lookup_args()[:2]
+    assert may_hold(hashes, words, shift).all()
+    others = rng.integers(0, 2**63, 200_000, np.uint64) * np.uint64(2) + np.uint64(1)
+    assert may_hold(others, words, shift).mean() < 0.05  # 8 to 16 bits an n-gram, three bits each
 
 
 def test_a_missing_file_or_field_fails_with_one_sentence(tmp_path):
