@@ -24,10 +24,16 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column as one array: its only chunk as it is (``combine_chunks`` would copy it)."""
+    if isinstance(column, pa.Array):
+        return column
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def large_strings(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
     """One contiguous ``large_string`` array without nulls (a null text is the empty text)."""
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
+    texts = one_array(texts)
     if texts.type != pa.large_string():
         texts = texts.cast(pa.large_string())
     return texts.fill_null("") if texts.null_count else texts

@@ -233,13 +233,20 @@ def find_contamination(
         return found
     batch = batch or batch_bytes(texts)
     hit_texts, first_words, items = benchmarks.matches(batch, skip)
-    for text, first, item in zip(hit_texts.tolist(), first_words.tolist(), items.tolist(), strict=True):
-        name, item_id = benchmarks.item(item)
-        found.ngrams[name] += 1
-        found.benchmarks.setdefault(text, set()).add(name)
-        if text not in found.detail:
-            ngram = batch.spell(text, first, benchmarks.n)
-            found.detail[text] = f"benchmark {name} item {item_id}: shares the {benchmarks.n}-gram {ngram!r}"
+    if not len(hit_texts):
+        return found
+    which = np.searchsorted(benchmarks.item_starts, items, side="right") - 1  # benchmark of each hit
+    for index, count in enumerate(np.bincount(which, minlength=len(benchmarks.names)).tolist()):
+        if count:
+            found.ngrams[benchmarks.names[index]] += count
+    pairs = np.unique(np.stack([hit_texts, which]), axis=1)  # (text, benchmark) pairs
+    for text, index in zip(pairs[0].tolist(), pairs[1].tolist(), strict=True):
+        found.benchmarks.setdefault(text, set()).add(benchmarks.names[index])
+    texts_hit, first = np.unique(hit_texts, return_index=True)  # the hits are in order of text, then word
+    for text, at in zip(texts_hit.tolist(), first.tolist(), strict=True):
+        name, item_id = benchmarks.item(int(items[at]))
+        ngram = batch.spell(text, int(first_words[at]), benchmarks.n)
+        found.detail[text] = f"benchmark {name} item {item_id}: shares the {benchmarks.n}-gram {ngram!r}"
     return found
 
 

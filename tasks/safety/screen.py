@@ -23,6 +23,7 @@ from tasks.safety.decontaminate import BenchmarkSet, Contamination, find_contami
 from tasks.safety.pii import find_pii, redact
 from tasks.safety.words import BatchBytes, batch_bytes
 from tasks.schema import with_quarantine_reason
+from tasks.text_bytes import one_array
 
 STAGE = "safety"
 
@@ -123,7 +124,7 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
     n = table.num_rows
     reasons: list[str | None] = [None] * n
     details: list[str] = [""] * n
-    column = table.column("text").combine_chunks()
+    column = original = one_array(table.column("text"))
 
     modes = config.pii.active()
     reads_bytes = bool(modes) or checks.benchmarks is not None  # a blocklist alone reads metas only
@@ -146,7 +147,7 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
         column = _replaced(column, redacted)
 
     if checks.blocklist is not None and not checks.blocklist.empty:
-        blocked, stats.no_url = checks.blocklist.match_batch(table.column("meta").combine_chunks())
+        blocked, stats.no_url = checks.blocklist.match_batch(one_array(table.column("meta")))
         for index, (url, entry) in blocked.items():
             stats.blocked[entry.split(":", 1)[0]] += 1
             reasons[index], details[index] = "blocked_url", f"{url} is on blocklist {entry}"
@@ -171,7 +172,7 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
             stats.documents_cut += len([i for i in cut if reasons[i] is None])
             column = _replaced(column, cut)
 
-    if column is not table.column("text"):
+    if column is not original:
         table = table.set_column(table.schema.get_field_index("text"), "text", column)
     keep = pa.array([r is None for r in reasons], pa.bool_())
     if findings is not None:
