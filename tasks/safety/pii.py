@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from tasks.safety import pii_scan, scan
+from tasks.safety import pii_scan
 from tasks.safety.config import PiiConfig
 from tasks.safety.words import BatchBytes, batch_bytes
 
@@ -230,9 +231,15 @@ DETECTORS = (
 are not also phone numbers)."""
 
 
+CONTEXT_BYTES = 64
+"""Bytes of the text before a window that its string holds too: the look-behinds and the IPv4
+check's 16 characters see the text there, as they would in the whole text."""
+
+
 @dataclass
 class Findings:
-    """Per text: its spans ``(start, end, type)``; ``counts[type]`` occurrences in the batch."""
+    """Per text: its spans ``(start, end, type)`` in bytes of the text's UTF-8; ``counts[type]``
+    occurrences in the batch."""
 
     spans: dict[int, list[tuple[int, int, str]]]
     counts: Counter
@@ -243,22 +250,24 @@ def find_pii(texts: pa.Array, config: PiiConfig, batch: BatchBytes | None = None
 
     One compiled pass over the batch's bitmaps (``batch``: of ``texts``, when the caller has
     them) finds every type's prefilter hits at once (most documents have none); each type's
-    Python pattern and check then run on the windows around its own hits only."""
+    Python pattern and check then run on the windows around its own hits only, each window
+    decoded from the batch's bytes (no document is copied out whole)."""
     modes = config.active()
     found: dict[int, list[tuple[int, int, str]]] = {}
     detectors = [d for d in DETECTORS if d.kind in modes]
-    hits = _hits(batch or batch_bytes(texts), detectors, config) if detectors else None
-    if hits is None or not len(hits.text):
+    if not detectors or len(texts) == 0:
         return Findings(found, Counter())
-    with_hits = np.unique(hits.text)
-    strings = dict(zip(with_hits.tolist(), texts.take(pa.array(with_hits)).to_pylist(), strict=True))
+    batch = batch or batch_bytes(texts)
+    hits = _hits(batch, detectors, config)
     for detector in detectors:  # in priority order, as _non_overlapping needs
-        for index, start, end in _windows(hits, detector):
-            text = strings[index]
-            for match in detector.pattern.finditer(text, start, end):
-                span = detector.span(match, text, config)
+        for index, start, end in _windows(hits, detector, batch):
+            window, pos, base = _window(batch, index, start, end)
+            plain = len(window) == end - base  # one byte a character
+            for match in detector.pattern.finditer(window, pos):
+                span = detector.span(match, window, config)
                 if span is not None:
-                    found.setdefault(index, []).append((*span, detector.kind))
+                    first, last = span if plain else (len(window[:s].encode()) for s in span)
+                    found.setdefault(index, []).append((base + first, base + last, detector.kind))
     counts: Counter = Counter()
     for index, spans in found.items():
         found[index] = kept = _non_overlapping(spans)
@@ -268,14 +277,13 @@ def find_pii(texts: pa.Array, config: PiiConfig, batch: BatchBytes | None = None
 
 @dataclass(frozen=True)
 class Hits:
-    """Every prefilter hit of a batch: its detector (index in DETECTORS), its text and its
-    characters there."""
+    """Every prefilter hit of a batch: its detector (index in DETECTORS), its text and its bytes
+    there, sorted by detector, text and start."""
 
     detector: np.ndarray
     text: np.ndarray
     start: np.ndarray
     stop: np.ndarray
-    lengths: np.ndarray  # characters per text (of the texts with hits; 0 for the others)
 
 
 def _hits(batch: BatchBytes, detectors: list[Detector], config: PiiConfig) -> Hits:
@@ -290,47 +298,32 @@ def _hits(batch: BatchBytes, detectors: list[Detector], config: PiiConfig) -> Hi
         if count <= capacity:
             break
         capacity = count
-    rows = rows[:count]
-    lengths = np.zeros(len(offsets) - 1, np.int64)
-    if not len(rows):
-        return Hits(*(np.empty(0, np.int64) for _ in range(4)), lengths)
-    kind, text, start, end = rows.T.copy()
+    kind, text, start, end = rows[:count].T.copy()
     start -= offsets[text]
     end -= offsets[text]
-    with_hits = np.unique(text)
-    lengths[with_hits] = np.diff(offsets)[with_hits]
-    wide = ~batch.ascii[text]  # in an ASCII text a byte is a character
-    if wide.any():
-        start[wide], end[wide] = _char_offsets(data, offsets, text[wide], start[wide], end[wide])
-        wide_texts = with_hits[~batch.ascii[with_hits]]
-        lengths[wide_texts] = scan.char_offsets(data, offsets, wide_texts, lengths[wide_texts])
     order = np.lexsort((start, text, kind))
-    return Hits(kind[order], text[order], start[order], end[order], lengths)
+    return Hits(kind[order], text[order], start[order], end[order])
 
 
-def _char_offsets(
-    data: np.ndarray, offsets: np.ndarray, text: np.ndarray, start: np.ndarray, end: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Byte offsets in texts as character offsets."""
-    by_start, by_end = np.lexsort((start, text)), np.lexsort((end, text))
-    start[by_start] = scan.char_offsets(data, offsets, text[by_start], start[by_start])
-    end[by_end] = scan.char_offsets(data, offsets, text[by_end], end[by_end])
-    return start, end
-
-
-def _windows(hits: Hits, detector: Detector) -> list[tuple[int, int, int]]:
-    """``(text, start, end)``: the character windows ``detector``'s pattern runs on: ``reach``
-    around each of its hits, merged where they overlap; the whole text when ``reach`` is None."""
+def _windows(hits: Hits, detector: Detector, batch: BatchBytes) -> list[tuple[int, int, int]]:
+    """``(text, start, end)``: the byte windows ``detector``'s pattern runs on: ``reach`` around
+    each of its hits, merged where they overlap; the whole text when ``reach`` is None. A
+    character after a hit may take up to four bytes: in a text that is not ASCII the reach after
+    it is four times as many bytes."""
     own = hits.detector == DETECTORS.index(detector)
     text, start, stop = hits.text[own], hits.start[own], hits.stop[own]
+    lengths = np.diff(batch.offsets)[text]
     if detector.reach is None:
-        return [(i, 0, int(hits.lengths[i])) for i in np.unique(text).tolist()]
+        return [
+            (i, 0, int(n))
+            for i, n in zip(*np.unique(np.stack([text, lengths]), axis=1).tolist(), strict=True)
+        ]
     if not len(text):
         return []
     before, after = detector.reach
     a = np.maximum(start - before, 0)
     key = text << 40  # texts apart: a window never merges into the next text's
-    b = key + np.minimum(stop + after, hits.lengths[text])
+    b = key + np.minimum(stop + np.where(batch.ascii[text], after, 4 * after), lengths)
     reach = np.maximum.accumulate(b)
     new = np.ones(len(a), bool)
     new[1:] = key[1:] + a[1:] > reach[:-1]
@@ -339,6 +332,28 @@ def _windows(hits: Hits, detector: Detector) -> list[tuple[int, int, int]]:
     return list(
         zip(text[firsts].tolist(), a[firsts].tolist(), (reach[lasts] - key[lasts]).tolist(), strict=True)
     )
+
+
+def _window(batch: BatchBytes, index: int, start: int, end: int) -> tuple[str, int, int]:
+    """``(string, pos, base)``: bytes ``base .. end`` of text ``index`` decoded, ``base`` up to
+    CONTEXT_BYTES before ``start``; the pattern searches from character ``pos`` (byte ``start``).
+    Edges inside a character move to its end."""
+    first, stop = int(batch.offsets[index]), int(batch.offsets[index + 1])
+    data = batch.data
+    base = max(start - CONTEXT_BYTES, 0)
+    if not batch.ascii[index]:
+        base, start, end = (_char_edge(data, first + at, stop) - first for at in (base, start, end))
+    raw = data[first + base : first + end].tobytes()
+    if batch.ascii[index]:
+        return raw.decode("ascii"), start - base, base
+    return raw.decode("utf-8", "replace"), len(raw[: start - base].decode("utf-8", "replace")), base
+
+
+def _char_edge(data: np.ndarray, at: int, stop: int) -> int:
+    """``at``, or past the UTF-8 continuation bytes there (before ``stop``)."""
+    while at < stop and data[at] & 0xC0 == 0x80:
+        at += 1
+    return at
 
 
 def _non_overlapping(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
@@ -351,11 +366,29 @@ def _non_overlapping(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, 
     return kept
 
 
-def redact(text: str, spans: list[tuple[int, int, str]]) -> str:
-    """``text`` with each span replaced by its type's placeholder."""
-    pieces, last = [], 0
-    for start, end, kind in spans:
-        pieces += [text[last:start], PLACEHOLDERS[kind]]
-        last = end
-    pieces.append(text[last:])
-    return "".join(pieces)
+def redact_texts(texts: pa.Array, findings: Findings, batch: BatchBytes | None = None) -> pa.Array:
+    """``texts`` with each span of ``findings`` replaced by its type's placeholder (``batch``:
+    the bytes of ``texts``, when the caller has them): one compiled copy of the batch's bytes."""
+    if not findings.spans:
+        return texts
+    batch = batch or batch_bytes(texts)
+    rows = [(i, a, b, KIND_CODES[k]) for i in sorted(findings.spans) for a, b, k in findings.spans[i]]
+    text, start, end, kind = np.array(rows, np.int64).T.copy()
+    data, offsets = pii_scan.redacted_bytes(
+        batch.data, batch.offsets, text, start, end, kind, PLACEHOLDER_BYTES, PLACEHOLDER_OFFSETS
+    )
+    large = texts.type == pa.large_string() or offsets[-1] >= 2**31
+    kind_of_text = pa.large_string() if large else pa.string()
+    out = pa.Array.from_buffers(
+        kind_of_text,
+        len(texts),
+        [None, pa.py_buffer(offsets if large else offsets.astype(np.int32)), pa.py_buffer(data)],
+    )
+    if texts.null_count:
+        out = pc.if_else(texts.is_null(), pa.scalar(None, kind_of_text), out)
+    return out if out.type == texts.type else out.cast(texts.type)
+
+
+KIND_CODES = {kind: code for code, kind in enumerate(PLACEHOLDERS)}
+PLACEHOLDER_BYTES = np.frombuffer("".join(PLACEHOLDERS.values()).encode(), np.uint8)
+PLACEHOLDER_OFFSETS = np.cumsum([0, *(len(p) for p in PLACEHOLDERS.values())]).astype(np.int64)

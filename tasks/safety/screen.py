@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from tasks.safety.blocklist import Blocklist
 from tasks.safety.config import SECRET_TYPES, SafetyConfig
 from tasks.safety.decontaminate import BenchmarkSet, Contamination, find_contamination, remove_spans
-from tasks.safety.pii import find_pii, redact
+from tasks.safety.pii import find_pii, redact_texts
 from tasks.safety.words import BatchBytes, batch_bytes
 from tasks.schema import with_quarantine_reason
 from tasks.text_bytes import one_array
@@ -130,13 +130,11 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
     reads_bytes = bool(modes) or checks.benchmarks is not None  # a blocklist alone reads metas only
     batch = batch_bytes(column) if reads_bytes else None  # the bitmaps both PII and decontamination read
     findings = find_pii(column, config.pii, batch) if modes else None
-    redacted: dict[int, str] = {}
     if findings is not None:
         stats.pii_found.update(findings.counts)
         for index, spans in findings.spans.items():
             kinds = Counter(kind for _, _, kind in spans)
             stats.pii_documents.update(kinds.keys())
-            redacted[index] = redact(column[index].as_py(), spans)
             held = sorted(k for k in kinds if modes[k] == "quarantine")
             if held:
                 reasons[index] = "secret" if any(k in SECRET_TYPES for k in held) else "pii"
@@ -144,7 +142,7 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
                 details[index] = (
                     f"found {found}; quarantined for {', '.join(held)}; the text here is redacted"
                 )
-        column = _replaced(column, redacted)
+        column = redact_texts(column, findings, batch)
 
     if checks.blocklist is not None and not checks.blocklist.empty:
         blocked, stats.no_url = checks.blocklist.match_batch(one_array(table.column("meta")))
@@ -153,7 +151,7 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
             reasons[index], details[index] = "blocked_url", f"{url} is on blocklist {entry}"
 
     if checks.benchmarks is not None:
-        found = _contamination(column, checks.benchmarks, batch, sorted(redacted))
+        found = _contamination(column, checks.benchmarks, batch, sorted(findings.spans) if findings else [])
         stats.contaminated_ngrams.update(found.ngrams)
         cut: dict[int, str] = {}
         for index, detail in found.detail.items():

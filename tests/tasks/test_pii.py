@@ -4,11 +4,13 @@ copy of a secret in the quarantine."""
 
 from __future__ import annotations
 
+import random
+
 import pyarrow as pa
 import pytest
 
 from tasks.safety.config import PiiConfig, SafetyConfig
-from tasks.safety.pii import find_pii, luhn, redact
+from tasks.safety.pii import find_pii, luhn, redact_texts
 from tasks.safety.screen import SafetyChecks, apply_safety
 from tests.tasks.safety_support import documents
 
@@ -33,7 +35,8 @@ def found_types(text: str, config: PiiConfig | None = None) -> list[str]:
 
 def redacted(text: str, config: PiiConfig | None = None) -> str:
     config = config or PiiConfig(enabled=True)
-    return redact(text, find_pii(pa.array([text]), config).spans.get(0, []))
+    texts = pa.array([text])
+    return redact_texts(texts, find_pii(texts, config))[0].as_py()
 
 
 @pytest.mark.parametrize(
@@ -180,3 +183,25 @@ def test_pii_off_by_default_changes_nothing():
     kept, quarantined, stats = apply_safety(docs, SafetyChecks(SafetyConfig()))
     assert kept.column("text").to_pylist() == docs.column("text").to_pylist() and quarantined.num_rows == 0
     assert not stats.pii_found
+
+
+def test_texts_with_characters_of_several_bytes_are_redacted_at_the_right_characters():
+    rng = random.Random(3)
+    long_value = "".join(rng.choice("äöüéèáàâçñ0123456789") for _ in range(400))  # ~600 bytes
+    texts = pa.array(
+        [
+            "Grüße aus Köln — schreib an jane.doe@acme-corp.io oder ruf +49 30 1234 5678 an. Jürgen",
+            None,
+            f'配置: password = "ü{SECRET_VALUE}ß" ende',
+            f'password = "{long_value}" ende',
+            "plain jane.doe@acme-corp.io",
+        ]
+    )
+    out = redact_texts(texts, find_pii(texts, PiiConfig(enabled=True))).to_pylist()
+    assert out == [
+        "Grüße aus Köln — schreib an <EMAIL> oder ruf <PHONE> an. Jürgen",
+        None,
+        '配置: password = "<SECRET>" ende',
+        'password = "<SECRET>" ende',
+        "plain <EMAIL>",
+    ]
