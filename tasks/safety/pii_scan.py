@@ -142,6 +142,19 @@ def _prefixed(data, at, stop, literals):
     return -1, -1
 
 
+@numba.njit(cache=True, inline="always")
+def _name_byte_before(data, first, sep):
+    """Whether a byte a secret-like name may end with (``[A-Za-z0-9_.-]``) comes before ``sep``,
+    past spaces and a quote: what the secret pattern needs there, and most ``:`` and ``=`` of
+    code lack (``):``, ``==``, ``] =``)."""
+    at = sep - 1
+    while at >= first and _is_space(data[at]):
+        at -= 1
+    if at >= first and (data[at] == 34 or data[at] == 39):
+        at -= 1
+    return at >= first and (_is_alnum(data[at]) or data[at] == 95 or data[at] == 46 or data[at] == 45)
+
+
 @numba.njit(cache=True)
 def _secret_name_before(data, first, sep, names, lengths):
     """The start of the run of ``[A-Za-z0-9_.-]`` before ``sep`` (past spaces and a quote) when
@@ -197,44 +210,59 @@ def _secret_value_after(data, at, stop, min_chars):
     return count >= 16
 
 
+@numba.njit(cache=True, inline="always")
+def _ipv6_lead(data, colon, first, stop):
+    """Whether the colon at ``colon`` follows a hex digit and comes before one or a colon: every
+    address the IPv6 pattern and check accept has such a colon (after its first group)."""
+    return (
+        colon > first
+        and colon + 1 < stop
+        and _is_hex(data[colon - 1])
+        and (_is_hex(data[colon + 1]) or data[colon + 1] == 58)
+    )
+
+
 @numba.njit(cache=True)
 def _ipv6_run(data, colon, first, stop):
     """``(start, stop)`` of the run of hex digits and colons holding the colon at ``colon`` when
-    the IPv6 pattern could match in it, else ``(-1, -1)``; only its first colon reports it. The
-    pattern needs ``hex{1,4}:hex{0,4}:hex`` (the prefilter it replaces), no word byte, ``.`` or
-    ``:`` before the run, no word byte after it, and the check a digit and three groups."""
+    the IPv6 pattern and check may accept it, else ``(-1, -1)``; only its first colon that
+    :func:`_ipv6_lead` accepts reports it. The pattern's match is the whole run (nothing of ``[\\w.:]`` before it, no word byte
+    after it, 2 to 7 colons, groups of at most 4); the check wants a digit, one ``::`` at most
+    (not at a single colon's place), and 8 groups without it, 3 to 7 with it (the loopback and
+    unspecified addresses are left to it)."""
     start = colon
     while start > first and (_is_hex(data[start - 1]) or data[start - 1] == 58):
         start -= 1
     for k in range(start, colon):
-        if data[k] == 58:
+        if data[k] == 58 and _ipv6_lead(data, k, first, stop):
             return -1, -1  # an earlier colon of the run reports it
     end = colon + 1
     while end < stop and (_is_hex(data[end]) or data[end] == 58):
         end += 1
-    if (start > first and _is_alnum(data[start - 1])) or (
-        end < stop and (_is_alnum(data[end]) or data[end] == 95)
-    ):
+    if start > first and (_is_alnum(data[start - 1]) or data[start - 1] in (95, 46)):
         return -1, -1
-    groups, digit, shape = 0, False, False
-    size = 0
+    if end < stop and (_is_alnum(data[end]) or data[end] == 95):
+        return -1, -1
+    groups, colons, doubles, size = 0, 0, 0, 0
+    digit = False
     for k in range(start, end):
         b = data[k]
         if b == 58:
+            colons += 1
+            doubles += k + 1 < end and data[k + 1] == 58
             size = 0
         else:
             groups += size == 0
             size += 1
             digit = digit or _is_digit(b)
-    for k in range(start, end - 2):  # hex{1,4}:hex{0,4}:hex
-        if data[k] != 58 and data[k + 1] == 58:
-            at = k + 2
-            while at < end and at - k - 2 < 4 and data[at] != 58:
-                at += 1
-            if at + 1 < end and data[at] == 58 and data[at + 1] != 58:
-                shape = True
-                break
-    if not (digit and groups >= 3 and shape):
+            if size > 4:
+                return -1, -1
+    if not digit or colons > 7 or doubles > 1:
+        return -1, -1
+    single_edge = (data[start] == 58 and data[start + 1] != 58) or (
+        data[end - 1] == 58 and data[end - 2] != 58
+    )
+    if single_edge or (not 3 <= groups <= 7 if doubles else groups != 8):
         return -1, -1
     return start, end
 
@@ -279,6 +307,104 @@ def _gap_is(data, a, b, c0, c1, c2, c3):
 
 
 @numba.njit(cache=True)
+def _octet(data, start, end):
+    """The value of the digits ``data[start:end]`` (1 to 3 of them), or -1 with a leading zero."""
+    if end - start > 1 and data[start] == 48:
+        return -1
+    value = 0
+    for k in range(start, end):
+        value = value * 10 + data[k] - 48
+    return value
+
+
+@numba.njit(cache=True)
+def _ipv4_at(data, first, stop, starts, ends, r):
+    """Whether digit runs ``r .. r + 3`` are an address the IPv4 pattern and check accept (all
+    but the check's look at the words before): four runs of 1 to 3 digits one ``.`` apart,
+    nothing of ``[\\w.:]`` before (a non-ASCII byte may be a letter: it is let through), no word
+    byte or ``.`` and a word byte after, octets of at most 255 without a leading zero, and not
+    0.0.0.0, 127.0.0.1 or 255.255.255.255."""
+    for k in range(4):
+        if ends[r + k] - starts[r + k] > 3:
+            return False
+        if k < 3 and (starts[r + k + 1] - ends[r + k] != 1 or data[ends[r + k]] != 46):
+            return False
+    before = _byte(data, starts[r] - 1) if starts[r] > first else np.uint8(32)
+    if _is_alnum(before) or before in (95, 46, 58):
+        return False
+    end = ends[r + 3]
+    after = data[end] if end < stop else np.uint8(32)
+    if _is_alnum(after) or after == 95:
+        return False
+    if after == 46 and end + 1 < stop and (_is_alnum(data[end + 1]) or data[end + 1] == 95):
+        return False
+    a, b = _octet(data, starts[r], ends[r]), _octet(data, starts[r + 1], ends[r + 1])
+    c, d = _octet(data, starts[r + 2], ends[r + 2]), _octet(data, starts[r + 3], ends[r + 3])
+    if min(a, b, c, d) < 0 or max(a, b, c, d) > 255:
+        return False
+    if a == b == c == d and (a == 0 or a == 255):
+        return False
+    return not (a == 127 and b == 0 and c == 0 and d == 1)
+
+
+@numba.njit(cache=True)
+def _card_in(data, first, stop, starts, ends, r, last):
+    """Whether a card number the pattern and check accept may lie in the chain of digit runs
+    ``r .. last``: it runs from a run not after ``.`` or ``-`` to a run not before ``-``, holds
+    13 to 19 digits, starts with an issuer's prefix, not one digit repeated, and passes Luhn."""
+    for i in range(r, last + 1):
+        before = data[starts[i] - 1] if starts[i] > first else np.uint8(32)
+        if before == 46 or before == 45:
+            continue
+        digits = 0
+        for j in range(i, last + 1):
+            digits += ends[j] - starts[j]
+            if digits > 19:
+                break
+            after = data[ends[j]] if ends[j] < stop else np.uint8(32)
+            if digits >= 13 and after != 45 and _card_number_ok(data, starts, ends, i, j, digits):
+                return True
+    return False
+
+
+@numba.njit(cache=True)
+def _card_number_ok(data, starts, ends, i, j, digits):
+    """The check of the card number made of the digits of runs ``i .. j`` (``digits`` of them):
+    an issuer's prefix (4, 51-55, 22-27, 34, 37, 30, 35, 36, 38, 39, 6011, 65, 644-649), not
+    one digit repeated, and Luhn."""
+    number = np.empty(digits, np.uint8)
+    at = 0
+    for k in range(i, j + 1):
+        for b in range(starts[k], ends[k]):
+            number[at] = data[b] - 48
+            at += 1
+    d0, d1 = number[0], number[1]
+    two = d0 * 10 + d1
+    prefix = (
+        d0 == 4
+        or 51 <= two <= 55
+        or 22 <= two <= 27
+        or two in (34, 37, 30, 35, 36, 38, 39, 65)
+        or (two == 60 and number[2] == 1 and number[3] == 1)
+        or (two == 64 and number[2] >= 4)
+    )
+    if not prefix:
+        return False
+    repeated = True
+    for k in range(digits):
+        repeated = repeated and number[k] == d0
+    if repeated:
+        return False
+    total = 0
+    for k in range(digits):
+        d = number[digits - 1 - k]
+        if k % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+@numba.njit(cache=True)
 def pii_hits(
     data, offsets, digit_bits, event_bits, active, min_secret_chars, literals, names, lengths, capacity
 ):
@@ -310,11 +436,11 @@ def pii_hits(
                         if start >= 0:
                             count = _push(hits, count, EMAIL, t, start, end)
                 elif b == 58 or b == 61:  # : =
-                    if active[IP_ADDRESS] and b == 58:
+                    if active[IP_ADDRESS] and b == 58 and _ipv6_lead(data, at, first, stop):
                         start, end = _ipv6_run(data, at, first, stop)
                         if start >= 0:
                             count = _push(hits, count, IP_ADDRESS, t, start, end)
-                    if active[SECRET]:
+                    if active[SECRET] and _name_byte_before(data, first, at):
                         nxt = _byte(data, at + 1)
                         two = (b == 58 and nxt == 61) or (b == 61 and nxt == 62)  # := =>
                         if _secret_value_after(data, at + 1, stop, min_secret_chars) or (
@@ -337,19 +463,13 @@ def pii_hits(
             while last + 1 < runs and starts[last + 1] - ends[last] == 1 and data[ends[last]] in (32, 45):
                 last += 1
                 total += ends[last] - starts[last]
-            if active[CARD_NUMBER] and total >= 13 and not (last == r and total > 19):
+            if active[CARD_NUMBER] and total >= 13 and _card_in(data, first, stop, starts, ends, r, last):
                 count = _push(hits, count, CARD_NUMBER, t, starts[r], ends[last])
             r = last + 1
         for r in range(runs):
-            if active[IP_ADDRESS] and r + 3 < runs:  # \d{1,3}(\.\d{1,3}){3}
-                ok = True
-                for k in range(3):
-                    if starts[r + k + 1] - ends[r + k] != 1 or data[ends[r + k]] != 46:
-                        ok = False
-                        break
-                if ok and ends[r + 1] - starts[r + 1] <= 3 and ends[r + 2] - starts[r + 2] <= 3:
-                    start = max(starts[r], ends[r] - 3)
-                    count = _push(hits, count, IP_ADDRESS, t, start, min(ends[r + 3], starts[r + 3] + 3))
+            dotted = r + 3 < runs and starts[r + 1] - ends[r] == 1 and data[ends[r]] == 46
+            if active[IP_ADDRESS] and dotted and _ipv4_at(data, first, stop, starts, ends, r):
+                count = _push(hits, count, IP_ADDRESS, t, starts[r], ends[r + 3])
             if active[PHONE] and r + 2 < runs:  # \d{2,4}[ .)-]+\d{3,4}[ .-]\d{3,4}
                 a, b_, c = r, r + 1, r + 2
                 if (

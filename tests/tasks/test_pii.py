@@ -52,6 +52,12 @@ def redacted(text: str, config: PiiConfig | None = None) -> str:
         ("Ring our London desk on +44 20 7946 0958.", "Ring our London desk on <PHONE>."),
         ("Card 4111 1111 1111 1111 expires soon.", "Card <CARD_NUMBER> expires soon."),
         ("Paid with 5500-0000-0000-0004 yesterday.", "Paid with <CARD_NUMBER> yesterday."),
+        ("Amex 3782 822463 10005, ref 99", "Amex <CARD_NUMBER>, ref 99"),
+        (
+            "Full form 2001:0db8:85a3:0000:0000:8a2e:0370:7334, link fe80::1ff:fe23:4567:890a.",
+            "Full form <IP_ADDRESS>, link <IP_ADDRESS>.",
+        ),
+        ("Hosts (10.0.0.1), [192.168.1.20]: up", "Hosts (<IP_ADDRESS>), [<IP_ADDRESS>]: up"),
     ],
 )
 def test_personal_data_in_prose_is_replaced_by_its_placeholder(text, expected):
@@ -88,6 +94,10 @@ def test_credentials_in_code_and_prose_are_found(text, kind, secret):
         "Use std::vector and a::b in C++.",
         "Order 4111 1111 1111 1112 fails the Luhn check.",
         "The year range 1990-2000 and the count 12,345,678.",
+        "Octets past 255 in 10.0.0.256, a leading zero in 10.01.2.3, a word before in x1.2.3.4.",
+        "Dotted runs 1.2.3.4.5.6 and 1.2.3.4.x and 1.2.3.4_a and :1.2.3.4 are no addresses.",
+        "Times 12:30:45:10, a::b::c, :a:b:1 and 1:2:3:4:5:6:7:8:9 are no IPv6 addresses.",
+        "A hash 12345:abcde:1 and fffff:1:2::3 are not either.",
     ],
 )
 def test_what_only_looks_like_personal_data_is_left_alone(text):
