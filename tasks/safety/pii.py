@@ -366,29 +366,57 @@ def _non_overlapping(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, 
     return kept
 
 
-def redact_texts(texts: pa.Array, findings: Findings, batch: BatchBytes | None = None) -> pa.Array:
-    """``texts`` with each span of ``findings`` replaced by its type's placeholder (``batch``:
-    the bytes of ``texts``, when the caller has them): one compiled copy of the batch's bytes."""
-    if not findings.spans:
-        return texts
+def redact_texts(
+    texts: pa.Array, findings: Findings, batch: BatchBytes | None = None, rows: np.ndarray | None = None
+) -> pa.Array:
+    """The texts at ``rows`` (all of them by default), each span of ``findings`` replaced by its
+    type's placeholder (``batch``: the bytes of ``texts``, when the caller has them). The bytes
+    are copied once, a run of rows without spans as one piece."""
+    every = rows is None
+    rows = np.arange(len(texts)) if rows is None else np.asarray(rows, np.int64)
+    if not any(row in findings.spans for row in rows.tolist()):
+        return texts if every else texts.take(pa.array(rows, pa.int64()))
     batch = batch or batch_bytes(texts)
-    rows = [(i, a, b, KIND_CODES[k]) for i in sorted(findings.spans) for a, b, k in findings.spans[i]]
-    text, start, end, kind = np.array(rows, np.int64).T.copy()
-    data, offsets = pii_scan.redacted_bytes(
-        batch.data, batch.offsets, text, start, end, kind, PLACEHOLDER_BYTES, PLACEHOLDER_OFFSETS
-    )
-    large = texts.type == pa.large_string() or offsets[-1] >= 2**31
-    kind_of_text = pa.large_string() if large else pa.string()
+    data, offsets = batch.data, batch.offsets.tolist()
+    pieces: list[np.ndarray] = []
+    lengths = np.diff(batch.offsets)[rows]
+    run_start = run_stop = -1  # the bytes of the rows without spans gathered so far
+    for k, row in enumerate(rows.tolist()):
+        start, stop = offsets[row], offsets[row + 1]
+        spans = findings.spans.get(row)
+        if spans is None and run_stop == start:
+            run_stop = stop
+            continue
+        if run_stop > run_start:
+            pieces.append(data[run_start:run_stop])
+        if spans is None:
+            run_start, run_stop = start, stop
+            continue
+        run_start = run_stop = -1
+        last = start
+        for first, end, kind in spans:
+            pieces += [data[last : start + first], PLACEHOLDER_BYTES[kind]]
+            lengths[k] += len(PLACEHOLDER_BYTES[kind]) - (end - first)
+            last = start + end
+        pieces.append(data[last:stop])
+    if run_stop > run_start:
+        pieces.append(data[run_start:run_stop])
+    out_offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lengths, out=out_offsets[1:])
+    large = texts.type == pa.large_string() or out_offsets[-1] >= 2**31
+    string_type = pa.large_string() if large else pa.string()
     out = pa.Array.from_buffers(
-        kind_of_text,
-        len(texts),
-        [None, pa.py_buffer(offsets if large else offsets.astype(np.int32)), pa.py_buffer(data)],
+        string_type,
+        len(rows),
+        [
+            None,
+            pa.py_buffer(out_offsets if large else out_offsets.astype(np.int32)),
+            pa.py_buffer(np.concatenate(pieces)),
+        ],
     )
     if texts.null_count:
-        out = pc.if_else(texts.is_null(), pa.scalar(None, kind_of_text), out)
+        out = pc.if_else(texts.is_valid().take(pa.array(rows, pa.int64())), out, pa.scalar(None, string_type))
     return out if out.type == texts.type else out.cast(texts.type)
 
 
-KIND_CODES = {kind: code for code, kind in enumerate(PLACEHOLDERS)}
-PLACEHOLDER_BYTES = np.frombuffer("".join(PLACEHOLDERS.values()).encode(), np.uint8)
-PLACEHOLDER_OFFSETS = np.cumsum([0, *(len(p) for p in PLACEHOLDERS.values())]).astype(np.int64)
+PLACEHOLDER_BYTES = {kind: np.frombuffer(text.encode(), np.uint8) for kind, text in PLACEHOLDERS.items()}

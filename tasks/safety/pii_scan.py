@@ -485,36 +485,6 @@ def pii_hits(
     return count, hits
 
 
-@numba.njit(cache=True)
-def redacted_bytes(data, offsets, text, start, end, kind, placeholders, placeholder_offsets):
-    """``(bytes, offsets)`` of the batch with each span (``text``, ``start`` .. ``end`` in bytes of
-    that text, sorted by text then start, not overlapping) replaced by the placeholder of its
-    ``kind`` (``placeholders[placeholder_offsets[kind]:placeholder_offsets[kind + 1]]``)."""
-    texts = len(offsets) - 1
-    size = offsets[texts]
-    for k in range(len(text)):
-        size += placeholder_offsets[kind[k] + 1] - placeholder_offsets[kind[k]] - (end[k] - start[k])
-    out = np.empty(size, np.uint8)
-    out_offsets = np.empty(texts + 1, np.int64)
-    at, k = 0, 0
-    for t in range(texts):
-        out_offsets[t] = at
-        last = offsets[t]
-        while k < len(text) and text[k] == t:
-            cut = offsets[t] + start[k]
-            out[at : at + cut - last] = data[last:cut]
-            at += cut - last
-            first, stop = placeholder_offsets[kind[k]], placeholder_offsets[kind[k] + 1]
-            out[at : at + stop - first] = placeholders[first:stop]
-            at += stop - first
-            last = offsets[t] + end[k]
-            k += 1
-        out[at : at + offsets[t + 1] - last] = data[last : offsets[t + 1]]
-        at += offsets[t + 1] - last
-    out_offsets[texts] = at
-    return out, out_offsets
-
-
 LITERALS = tuple(
     np.frombuffer(s.encode(), np.uint8)
     for s in (

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from tasks.safety.blocklist import Blocklist
 from tasks.safety.config import SECRET_TYPES, SafetyConfig
 from tasks.safety.decontaminate import BenchmarkSet, Contamination, find_contamination, remove_spans
-from tasks.safety.pii import find_pii, redact_texts
+from tasks.safety.pii import Findings, find_pii, redact_texts
 from tasks.safety.words import BatchBytes, batch_bytes
 from tasks.schema import with_quarantine_reason
 from tasks.text_bytes import one_array
@@ -99,22 +99,39 @@ def _replaced(column: pa.Array, texts: dict[int, str]) -> pa.Array:
 
 
 def _contamination(
-    column: pa.Array, benchmarks: BenchmarkSet, batch: BatchBytes | None, redacted: list[int]
+    texts: pa.Array, findings: Findings, benchmarks: BenchmarkSet, batch: BatchBytes
 ) -> Contamination:
-    """``find_contamination`` of ``column``, reading ``batch`` (the bytes before redaction) for
-    the texts PII left alone and the redacted texts' own bytes for the others."""
+    """``find_contamination`` of the texts as redacted: ``batch`` (the bytes before redaction)
+    for the texts PII left alone, the redacted texts' own bytes for the others."""
+    redacted = sorted(findings.spans)
     if not redacted:
-        return find_contamination(column, benchmarks, batch)
-    skip = np.zeros(len(column), np.bool_)
+        return find_contamination(texts, benchmarks, batch)
+    skip = np.zeros(len(texts), np.bool_)
     skip[redacted] = True
-    found = find_contamination(column, benchmarks, batch, skip)
-    changed = find_contamination(column.take(pa.array(redacted, pa.int64())), benchmarks)
+    found = find_contamination(texts, benchmarks, batch, skip)
+    changed = find_contamination(redact_texts(texts, findings, batch, np.array(redacted)), benchmarks)
     for local, index in enumerate(redacted):
         if local in changed.detail:
             found.detail[index] = changed.detail[local]
             found.benchmarks[index] = changed.benchmarks[local]
     found.ngrams.update(changed.ngrams)
     return found
+
+
+def _rows(
+    table: pa.Table, texts: pa.Array, findings: Findings, batch: BatchBytes | None, rows: list[int], cut: dict
+) -> pa.Table:
+    """The rows of ``table`` at ``rows``, their texts redacted, or cut where ``cut`` has them (one
+    copy of their bytes: redaction and selection together)."""
+    column = redact_texts(
+        texts, findings, batch, None if len(rows) == len(texts) else np.array(rows, np.int64)
+    )
+    column = _replaced(column, {k: cut[row] for k, row in enumerate(rows) if row in cut})
+    at = table.schema.get_field_index("text")
+    others = table.remove_column(at)
+    if len(rows) < len(texts):
+        others = others.take(pa.array(rows, pa.int64()))
+    return others.add_column(at, table.schema.field(at), column)
 
 
 def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Table, SafetyStats]:
@@ -124,25 +141,21 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
     n = table.num_rows
     reasons: list[str | None] = [None] * n
     details: list[str] = [""] * n
-    column = original = one_array(table.column("text"))
+    texts = one_array(table.column("text"))
 
     modes = config.pii.active()
     reads_bytes = bool(modes) or checks.benchmarks is not None  # a blocklist alone reads metas only
-    batch = batch_bytes(column) if reads_bytes else None  # the bitmaps both PII and decontamination read
-    findings = find_pii(column, config.pii, batch) if modes else None
-    if findings is not None:
-        stats.pii_found.update(findings.counts)
-        for index, spans in findings.spans.items():
-            kinds = Counter(kind for _, _, kind in spans)
-            stats.pii_documents.update(kinds.keys())
-            held = sorted(k for k in kinds if modes[k] == "quarantine")
-            if held:
-                reasons[index] = "secret" if any(k in SECRET_TYPES for k in held) else "pii"
-                found = ", ".join(f"{k} x{c}" for k, c in sorted(kinds.items()))
-                details[index] = (
-                    f"found {found}; quarantined for {', '.join(held)}; the text here is redacted"
-                )
-        column = redact_texts(column, findings, batch)
+    batch = batch_bytes(texts) if reads_bytes else None  # the bitmaps both PII and decontamination read
+    findings = find_pii(texts, config.pii, batch) if modes else Findings({}, Counter())
+    stats.pii_found.update(findings.counts)
+    for index, spans in findings.spans.items():
+        kinds = Counter(kind for _, _, kind in spans)
+        stats.pii_documents.update(kinds.keys())
+        held = sorted(k for k in kinds if modes[k] == "quarantine")
+        if held:
+            reasons[index] = "secret" if any(k in SECRET_TYPES for k in held) else "pii"
+            found = ", ".join(f"{k} x{c}" for k, c in sorted(kinds.items()))
+            details[index] = f"found {found}; quarantined for {', '.join(held)}; the text here is redacted"
 
     if checks.blocklist is not None and not checks.blocklist.empty:
         blocked, stats.no_url = checks.blocklist.match_batch(one_array(table.column("meta")))
@@ -150,33 +163,29 @@ def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Ta
             stats.blocked[entry.split(":", 1)[0]] += 1
             reasons[index], details[index] = "blocked_url", f"{url} is on blocklist {entry}"
 
-    if checks.benchmarks is not None:
-        found = _contamination(column, checks.benchmarks, batch, sorted(findings.spans) if findings else [])
+    cut: dict[int, str] = {}
+    if checks.benchmarks is not None and batch is not None:
+        found = _contamination(texts, findings, checks.benchmarks, batch)
         stats.contaminated_ngrams.update(found.ngrams)
-        cut: dict[int, str] = {}
         for index, detail in found.detail.items():
             if reasons[index] == "blocked_url":
                 continue
             stats.contaminated.update(found.benchmarks[index])
             if config.decontamination.mode == "remove":
-                text, spans = remove_spans(column[index].as_py(), checks.benchmarks)
+                text = redact_texts(texts, findings, batch, np.array([index]))[0].as_py()
+                text, spans = remove_spans(text, checks.benchmarks)
                 if spans and text.strip():
                     cut[index] = text
                     stats.spans_removed += spans
                     continue
                 detail += " (nothing left once the matching spans are removed)" if spans else ""
             reasons[index], details[index] = "contaminated", detail
-        if cut:
-            stats.documents_cut += len([i for i in cut if reasons[i] is None])
-            column = _replaced(column, cut)
+        stats.documents_cut = len([i for i in cut if reasons[i] is None])
 
-    if column is not original:
-        table = table.set_column(table.schema.get_field_index("text"), "text", column)
-    keep = pa.array([r is None for r in reasons], pa.bool_())
-    if findings is not None:
-        stats.redacted_documents = sum(1 for i in findings.spans if reasons[i] is None)
+    stats.redacted_documents = sum(1 for i in findings.spans if reasons[i] is None)
+    kept = [i for i, r in enumerate(reasons) if r is None]
     dropped = [i for i, r in enumerate(reasons) if r is not None]
     quarantined = with_quarantine_reason(
-        table.take(pa.array(dropped, pa.int64())), STAGE, [reasons[i] for i in dropped]
+        _rows(table, texts, findings, batch, dropped, cut), STAGE, [reasons[i] for i in dropped]
     ).append_column("detail", pa.array([details[i] for i in dropped], pa.string()))
-    return table.filter(keep), quarantined, stats
+    return _rows(table, texts, findings, batch, kept, cut), quarantined, stats
