@@ -8,7 +8,9 @@ Here one loop classifies the bytes with byte arithmetic only, which LLVM turns i
 digit runs and events walk the set bits of ``x ^ (x << 1)`` with ``trailing_zeros``: a few
 instructions per word edge, none per byte.
 
-Events: ``@`` (e-mail), ``:`` and ``=`` (a value assigned to a secret-like name, IPv6), and the
+Events: ``@`` (e-mail), ``:`` and ``=`` after a letter, digit, ``_.-``, space or quote (a value
+assigned to a secret-like name, IPv6: most ``:`` and ``=`` of code, after ``)`` ``]`` ``=``, are
+none), and the
 two-byte starts of credentials with a known prefix (``gh``/``gi``, ``xo``, ``sk``, ``AK``/``AS``/
 ``AB``/``AC``/``AI``, ``BE`` of ``-----BEGIN``).
 """
@@ -27,11 +29,17 @@ BLOCK_SHIFT, BLOCK_LOW = 6, 63
 
 
 @numba.njit(cache=True, inline="always")
-def _class(x, y):
-    """The class bits of byte ``x`` followed by byte ``y``."""
+def _class(w, x, y):
+    """The class bits of byte ``x``, after byte ``w`` and before byte ``y``."""
     digit = U8(x - U8(48)) < U8(10)
     letter = U8((x | U8(32)) - U8(97)) < U8(26)
-    mark = (x == U8(64)) | (x == U8(58)) | (x == U8(61))  # @ : =
+    name_end = (  # what a secret-like name may end with, a space or a quote (see pii_scan)
+        (U8(w - U8(48)) < U8(10))
+        | (U8((w | U8(32)) - U8(97)) < U8(26))
+        | (w == U8(95)) | (w == U8(46)) | (w == U8(45))
+        | (w == U8(32)) | (U8(w - U8(9)) < U8(5)) | (w == U8(34)) | (w == U8(39))
+    )  # fmt: skip
+    mark = (x == U8(64)) | (((x == U8(58)) | (x == U8(61))) & name_end)  # @, and : = after a name
     lead = (
         ((x == U8(103)) & ((y == U8(104)) | (y == U8(105))))  # gh, gi
         | ((x == U8(120)) & (y == U8(111)))  # xo
@@ -46,10 +54,12 @@ def _class(x, y):
 def _classes(data, out):
     """``out[i]``: the class bits of ``data[i]`` (``out`` is padded to a multiple of 64 with 0)."""
     n = len(data)
-    for i in range(n - 1):
-        out[i] = _class(data[i], data[i + 1])
     if n:
-        out[n - 1] = _class(data[n - 1], U8(0))
+        out[0] = _class(U8(0), data[0], data[1] if n > 1 else U8(0))
+    for i in range(1, n - 1):
+        out[i] = _class(data[i - 1], data[i], data[i + 1])
+    if n > 1:
+        out[n - 1] = _class(data[n - 2], data[n - 1], U8(0))
 
 
 LOW_BITS = np.uint64(0x0101010101010101)

@@ -12,7 +12,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.safety.config import BenchmarkConfig, DecontaminationConfig, SafetyConfig
+from tasks.safety.blocklist import Blocklist
+from tasks.safety.config import (
+    BenchmarkConfig,
+    BlocklistConfig,
+    BlocklistFile,
+    DecontaminationConfig,
+    SafetyConfig,
+)
 from tasks.safety.decontaminate import BenchmarkError, BenchmarkSet
 from tasks.safety.scan import may_hold, ngram_hashes
 from tasks.safety.screen import SafetyChecks, apply_safety
@@ -67,6 +74,26 @@ def test_planted_contamination_exact_case_whitespace_and_inside_a_long_document(
     assert "benchmark qa" in detail and "item bio-17" in detail and "13-gram" in detail
     assert "'which of the following best describes the role of mitochondria in a eukaryotic'" in detail
     assert stats.contaminated == {"qa": 3}
+
+
+def test_a_blocked_document_is_quarantined_as_blocked_and_not_counted_as_contaminated(tmp_path):
+    (tmp_path / "domains.txt").write_text("spam.example\n")
+    blocklist = BlocklistConfig(
+        lists=[BlocklistFile(name="spam", path=str(tmp_path / "domains.txt"), kind="domains")]
+    )
+    checks = checks_for(tmp_path, [ITEM])
+    checks = SafetyChecks(
+        checks.config.model_copy(update={"blocklist": blocklist}),
+        checks.benchmarks,
+        Blocklist.load(blocklist),
+    )
+    batch = documents([QUESTION, QUESTION])
+    metas = ['{"url": "https://spam.example/a"}', '{"url": "https://fine.example/b"}']
+    batch = batch.set_column(batch.schema.get_field_index("meta"), "meta", pa.array(metas))
+    _, quarantined, stats = apply_safety(batch, checks)
+    assert quarantined.column("reason").to_pylist() == ["blocked_url", "contaminated"]
+    assert stats.contaminated == {"qa": 1} and stats.blocked == {"spam": 1}
+    assert stats.contaminated_ngrams["qa"] == len(PY_WORD.findall(QUESTION)) - 13 + 1
 
 
 def test_a_near_miss_shares_no_13_gram_and_is_kept(tmp_path):
