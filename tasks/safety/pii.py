@@ -22,6 +22,7 @@ secret-like name, no known prefix), and test fixtures (placeholder values such a
 from __future__ import annotations
 
 import bisect
+import functools
 import ipaddress
 import math
 import re
@@ -72,6 +73,7 @@ class Detector:
     pattern: re.Pattern[str]
     span: Callable[[re.Match[str], str, PiiConfig], tuple[int, int] | None]
     reach: tuple[int, int] | None = (64, 64)
+    per_hit: bool = False  # the pattern is matched at each hit (the compiled pass found where), not searched
 
 
 Check = Callable[[re.Match[str], str, PiiConfig], bool]
@@ -129,7 +131,13 @@ def _ipv6(match: re.Match[str], text: str, config: PiiConfig) -> bool:
 
 def _email(match: re.Match[str], text: str, config: PiiConfig) -> bool:
     domain = match.group().rsplit("@", 1)[1].lower().rstrip(".")
-    return not any(domain == d or domain.endswith("." + d) for d in config.allow_email_domains)
+    return not ("." + domain).endswith(_dotted(tuple(config.allow_email_domains)))
+
+
+@functools.cache
+def _dotted(domains: tuple[str, ...]) -> tuple[str, ...]:
+    """``.example.com`` for ``example.com``: a domain and its subdomains end with it."""
+    return tuple("." + d.lower().rstrip(".") for d in domains)
 
 
 def _phone(match: re.Match[str], text: str, config: PiiConfig) -> bool:
@@ -196,7 +204,8 @@ DETECTORS = (
             r"(?:(?P<quote>[\"'])(?P<value>[^\"'\s]{1,512})(?P=quote)|(?P<bare>[A-Za-z0-9+/=_-]{16,512})(?![\w(\[.]))"
         ),
         _secret,
-        (8, 560),
+        (0, 560),
+        True,  # a value may take 560 characters: a search would go on over all of them
     ),
     Detector(
         "email",
@@ -259,11 +268,17 @@ def find_pii(texts: pa.Array, config: PiiConfig, batch: BatchBytes | None = None
         return Findings(found, Counter())
     batch = batch or batch_bytes(texts)
     hits = _hits(batch, detectors, config)
+    reader = _WindowReader(batch)
     for detector in detectors:  # in priority order, as _non_overlapping needs
         for index, start, end in _windows(hits, detector, batch):
-            window, pos, base = _window(batch, index, start, end)
+            window, pos, base = reader.window(index, start, end)
             plain = len(window) == end - base  # one byte a character
-            for match in detector.pattern.finditer(window, pos):
+            if detector.per_hit:
+                match = detector.pattern.match(window, pos)
+                matches = () if match is None else (match,)
+            else:
+                matches = detector.pattern.finditer(window, pos)
+            for match in matches:
                 span = detector.span(match, window, config)
                 if span is not None:
                     first, last = span if plain else (len(window[:s].encode()) for s in span)
@@ -322,8 +337,11 @@ def _windows(hits: Hits, detector: Detector, batch: BatchBytes) -> list[tuple[in
         return []
     before, after = detector.reach
     a = np.maximum(start - before, 0)
+    b = np.minimum(stop + np.where(batch.ascii[text], after, 4 * after), lengths)
+    if detector.per_hit:
+        return list(zip(text.tolist(), a.tolist(), b.tolist(), strict=True))
     key = text << 40  # texts apart: a window never merges into the next text's
-    b = key + np.minimum(stop + np.where(batch.ascii[text], after, 4 * after), lengths)
+    b = key + b
     reach = np.maximum.accumulate(b)
     new = np.ones(len(a), bool)
     new[1:] = key[1:] + a[1:] > reach[:-1]
@@ -334,26 +352,33 @@ def _windows(hits: Hits, detector: Detector, batch: BatchBytes) -> list[tuple[in
     )
 
 
-def _window(batch: BatchBytes, index: int, start: int, end: int) -> tuple[str, int, int]:
-    """``(string, pos, base)``: bytes ``base .. end`` of text ``index`` decoded, ``base`` up to
-    CONTEXT_BYTES before ``start``; the pattern searches from character ``pos`` (byte ``start``).
-    Edges inside a character move to its end."""
-    first, stop = int(batch.offsets[index]), int(batch.offsets[index + 1])
-    data = batch.data
-    base = max(start - CONTEXT_BYTES, 0)
-    if not batch.ascii[index]:
-        base, start, end = (_char_edge(data, first + at, stop) - first for at in (base, start, end))
-    raw = data[first + base : first + end].tobytes()
-    if batch.ascii[index]:
-        return raw.decode("ascii"), start - base, base
-    return raw.decode("utf-8", "replace"), len(raw[: start - base].decode("utf-8", "replace")), base
+class _WindowReader:
+    """Windows of a batch's texts as strings, decoded from its bytes in place."""
 
+    def __init__(self, batch: BatchBytes):
+        self.data = batch.data
+        self.bytes = memoryview(batch.data)
+        self.offsets = batch.offsets.tolist()
+        self.ascii = batch.ascii.tolist()
 
-def _char_edge(data: np.ndarray, at: int, stop: int) -> int:
-    """``at``, or past the UTF-8 continuation bytes there (before ``stop``)."""
-    while at < stop and data[at] & 0xC0 == 0x80:
-        at += 1
-    return at
+    def window(self, index: int, start: int, end: int) -> tuple[str, int, int]:
+        """``(string, pos, base)``: bytes ``base .. end`` of text ``index`` decoded, ``base`` up
+        to CONTEXT_BYTES before ``start``; the pattern searches from character ``pos`` (byte
+        ``start``). Edges inside a character move to its end."""
+        first = self.offsets[index]
+        base = max(start - CONTEXT_BYTES, 0)
+        if self.ascii[index]:
+            return str(self.bytes[first + base : first + end], "ascii"), start - base, base
+        stop = self.offsets[index + 1]
+        base, start, end = (self._char_edge(first + at, stop) - first for at in (base, start, end))
+        window = str(self.bytes[first + base : first + end], "utf-8", "replace")
+        return window, len(str(self.bytes[first + base : first + start], "utf-8", "replace")), base
+
+    def _char_edge(self, at: int, stop: int) -> int:
+        """``at``, or past the UTF-8 continuation bytes there (before ``stop``)."""
+        while at < stop and self.bytes[at] & 0xC0 == 0x80:
+            at += 1
+        return at
 
 
 def _non_overlapping(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:

@@ -157,8 +157,9 @@ def _name_byte_before(data, first, sep):
 
 @numba.njit(cache=True)
 def _secret_name_before(data, first, sep, names, lengths):
-    """The start of the run of ``[A-Za-z0-9_.-]`` before ``sep`` (past spaces and a quote) when
-    it holds a secret-like name (any case), else -1."""
+    """Where the first secret-like name (any case) starts in the run of ``[A-Za-z0-9_.-]``
+    before ``sep`` (past spaces and a quote), else -1: where the secret pattern's match for
+    this ``sep`` starts, if it has one."""
     at = sep - 1
     while at >= first and _is_space(data[at]):
         at -= 1
@@ -183,7 +184,7 @@ def _secret_name_before(data, first, sep, names, lengths):
                     same = False
                     break
             if same:
-                return start
+                return i
     return -1
 
 
