@@ -97,9 +97,9 @@ class Blocklist:
 
     def match_batch(self, metas: pa.Array) -> tuple[dict[int, tuple[str, str]], int]:
         """``({index: (url, entry)} of the blocked documents, documents without a URL)`` of a
-        batch's meta column: the URLs and their hosts are read and looked up by Arrow, and only
-        the documents whose host (or a parent of it) is listed, or whose URL is unusual, are
-        matched in Python."""
+        batch's meta column: the URLs and their hosts are read and looked up by Arrow (a host or
+        parent on a domain list gives its entry there), and only the documents whose host has
+        a path-prefix entry, or whose URL is unusual, are matched in Python."""
         key = json.dumps(self.url_key)
         urls = pc.struct_field(pc.extract_regex(metas, re.escape(key) + r':\s*"(?P<url>[^"\\]*)"'), "url")
         plain = pc.and_(pc.greater(pc.utf8_length(urls), 0), pc.equal(pc.count_substring(metas, "{"), 1))
@@ -111,23 +111,29 @@ class Blocklist:
         host = pc.struct_field(pc.extract_regex(urls, SIMPLE_URL), "host")
         host = pc.replace_substring_regex(pc.utf8_lower(host), r"\.+$", "")
         host = pc.replace_substring_regex(host, r"^www\.", "")
-        listed = pc.is_in(host, value_set=pa.array(sorted(self.prefixes), pa.string()))
+        listed = pc.is_in(host, value_set=pa.array(sorted(self.prefixes), pa.string())).fill_null(False)
         domains = pa.array(sorted(self.domains), pa.string())
-        for dots in sorted({d.count(".") for d in self.domains}):  # the host's parent with as many labels
-            parent = pc.struct_field(pc.extract_regex(host, rf"(?P<p>[^.]*(?:\.[^.]*){{{dots}}})$"), "p")
-            listed = pc.or_kleene(listed, pc.is_in(parent, value_set=domains))
+        parent = pa.nulls(len(metas), pa.string())  # the longest listed parent, as match() finds it
+        for dots in sorted({d.count(".") for d in self.domains}, reverse=True):
+            candidate = pc.struct_field(pc.extract_regex(host, rf"(?P<p>[^.]*(?:\.[^.]*){{{dots}}})$"), "p")
+            found = pc.is_in(candidate, value_set=domains).fill_null(False)
+            parent = pc.if_else(pc.and_(found, pc.is_null(parent)), candidate, parent)
         odd = pc.and_(pc.is_valid(urls), pc.is_null(host))
-        check = np.asarray(pc.or_(listed.fill_null(False), odd).fill_null(False), bool)
+        by_domain = np.asarray(pc.is_valid(parent), bool)
+        check = np.asarray(pc.or_(listed, odd).fill_null(False), bool) & ~by_domain
         candidates = sorted({*np.flatnonzero(check).tolist(), *unread.tolist()})
         with_url = int(pc.sum(pc.cast(plain, pa.int64())).as_py() or 0)
         blocked: dict[int, tuple[str, str]] = {}
+        for index in np.flatnonzero(by_domain).tolist():
+            name = parent[index].as_py()
+            blocked[index] = (urls[index].as_py(), f"{self.domains[name]}: {name}")
         for index in candidates:
             url = urls[index].as_py() if plain[index].as_py() else self.url_of(metas[index].as_py())
             with_url += int(url is not None and not plain[index].as_py())
             entry = None if url is None else self.match(url)
             if entry is not None:
                 blocked[index] = (url, entry)
-        return blocked, len(metas) - with_url
+        return dict(sorted(blocked.items())), len(metas) - with_url
 
     def url_of(self, meta: str | None) -> str | None:
         if not meta:

@@ -104,6 +104,42 @@ def test_blocked_documents_are_quarantined_with_list_and_entry(blocklist):
     assert stats.blocked == {"spam": 1} and stats.no_url == 2
 
 
+def test_a_batch_is_matched_as_each_url_is_alone(blocklist, tmp_path):
+    (tmp_path / "wide.txt").write_text("example.org\n")
+    (tmp_path / "narrow.txt").write_text("deep.example.org\n")
+    (tmp_path / "paths.txt").write_text("deep.example.org/private\n")
+    nested = Blocklist.load(
+        BlocklistConfig(
+            lists=[
+                BlocklistFile(name="wide", path=str(tmp_path / "wide.txt"), kind="domains"),
+                BlocklistFile(name="narrow", path=str(tmp_path / "narrow.txt"), kind="domains"),
+                BlocklistFile(name="paths", path=str(tmp_path / "paths.txt"), kind="urls"),
+            ]
+        )
+    )
+    urls = [
+        "https://spam.example/page",
+        "http://a.b.spam.example:8080/x?y=1",
+        "https://WWW.Spam.Example./",
+        "https://eu.casino.biz/",
+        "https://news.example.org/private/2024/story.html",
+        "https://news.example.org/privateer",
+        "https://notspam.example/",
+        "https://a.deep.example.org/private",  # the longest listed parent wins
+        "https://deep.example.org/private/x",
+        "https://other.example.org/",
+        "https://user@spam.example/",  # read in Python
+        "https://[::1]/",
+        "",
+    ]
+    metas = pa.array([json.dumps({"url": url}) for url in urls] + ['{"kind": "prose"}'])
+    for listed in (blocklist, nested):
+        blocked, no_url = listed.match_batch(metas)
+        expected = {i: (url, listed.match(url)) for i, url in enumerate(urls) if url and listed.match(url)}
+        assert blocked == expected
+        assert no_url == 2
+
+
 def test_a_missing_list_file_fails_with_one_sentence(tmp_path):
     config = BlocklistConfig(
         lists=[BlocklistFile(name="gone", path=str(tmp_path / "gone.txt"), kind="domains")]
