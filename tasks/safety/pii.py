@@ -418,12 +418,14 @@ def redact_texts(
             run_start, run_stop = start, stop
             continue
         run_start = run_stop = -1
-        last = start
+        last, grown = start, 0
         for first, end, kind in spans:
-            pieces += [data[last : start + first], PLACEHOLDER_BYTES[kind]]
-            lengths[k] += len(PLACEHOLDER_BYTES[kind]) - (end - first)
+            placeholder = PLACEHOLDER_BYTES[kind]
+            pieces += [data[last : start + first], placeholder]
+            grown += len(placeholder) - (end - first)
             last = start + end
         pieces.append(data[last:stop])
+        lengths[k] += grown
     if run_stop > run_start:
         pieces.append(data[run_start:run_stop])
     out_offsets = np.zeros(len(rows) + 1, np.int64)

@@ -133,8 +133,10 @@ def _rows(
     column = _replaced(column, {k: cut[row] for k, row in enumerate(rows) if row in cut})
     at = table.schema.get_field_index("text")
     others = table.remove_column(at)
-    if len(rows) < len(texts):
-        others = others.take(pa.array(rows, pa.int64()))
+    if len(rows) < len(texts):  # a filter, as a take would first combine each column's chunks
+        chosen = np.zeros(len(texts), np.bool_)
+        chosen[rows] = True
+        others = others.filter(pa.array(chosen))
     return others.add_column(at, table.schema.field(at), column)
 
 
