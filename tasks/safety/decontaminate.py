@@ -4,17 +4,17 @@ held as sorted fingerprints in buckets, and the documents that share one.
 Memory: a distinct n-gram takes 4 bytes for the low 32 bits of its hash and 4 for the index
 of the item that holds it (the detail names the item); its bucket, the hash's top ``bits``
 bits (8 to 16 n-grams a bucket), is where it lies in the sorted array, and the bucket starts
-take 4 bytes per bucket. A blocked Bloom filter, two 64-bit words per bucket (the hash's top
-``bits + 1`` bits choose the word, three 6-bit fields of its low bits the three bits it sets
-there), turns about 97 n-grams of a document in 100 away before they read a bucket (measured
-on the benchmark's set of 1 M n-grams; a bitmap of one bit per n-gram and 4 bits per n-gram,
-as before, let one in five through, and the bucket reads were a third of the lookup time).
-About 10 bytes per n-gram: a 10 M n-gram set takes about 101 MB (``benchmarks/safety.py``
-prints the measured figure). The lookups run in :func:`tasks.safety.scan.find_ngrams`, every
-n-gram of a batch in one compiled pass.
+take 4 bytes per bucket. A blocked Bloom filter of 12 to 24 bits an n-gram (a power of two of
+64-bit words; the hash's top bits choose the word, three 6-bit fields of its low bits the
+three bits it sets there) turns all but about 3 in 1,000 of a document's n-grams away before
+they read a bucket; a bitmap of one bit an n-gram and 4 bits an n-gram, as before, let one in
+five through, and the bucket reads were a third of the lookup time (``benchmarks/safety.py``
+on its set of 1 M n-grams). 10 to 12 bytes an n-gram: a 10 M n-gram set takes about 101 MB
+(``benchmarks/safety.py`` prints the measured figure). The lookups run in
+:func:`tasks.safety.scan.find_ngrams`, every n-gram of a batch in one compiled pass.
 
 False matches: a document's n-gram matches a different benchmark n-gram when the two hashes
-agree on the ``bits + 32`` bits kept (the filter's bits are among them), about
+agree on the ``bits + 32`` bits kept (and pass the filter), at most
 ``occupancy * 2**-32`` per n-gram checked (the occupancy, n-grams per bucket, is 8 to 16):
 about 2.2e-9 per n-gram checked for a 10 M set, one false match in some 4.5e8 n-grams (the
 full 64-bit hashes would give 5e-13, at 137 MB).
@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,13 @@ from tasks.stage import ConfigError
 
 MIN_BUCKET_BITS = 8
 BUCKET_BITS_BELOW = 4  # 2**(bit length of N - 4) buckets: 8 to 16 n-grams a bucket
-FILTER_WORD_BITS = -1  # the filter's words: 2**(bits + 1), two per bucket: 8 to 16 bits an n-gram
+FILTER_BITS_PER_NGRAM = 12  # at least: the filter has the power of two of words at or above it
+MIN_FILTER_WORD_BITS = 6
+
+
+def filter_word_bits(ngrams: int) -> int:
+    """log2 of the Bloom filter's words for a set of ``ngrams``: 12 to 24 bits an n-gram."""
+    return max(math.ceil(math.log2(max(ngrams, 1) * FILTER_BITS_PER_NGRAM / 64)), MIN_FILTER_WORD_BITS)
 
 
 class BenchmarkError(ConfigError):
@@ -166,7 +173,7 @@ class BenchmarkSet:
             item_starts,
             item_ids,
             bits,
-            scan.bloom_filter(hashes, bits - FILTER_WORD_BITS),
+            scan.bloom_filter(hashes, filter_word_bits(len(hashes))),
             buckets.astype(np.uint32),
             (hashes & np.uint64(0xFFFFFFFF)).astype(np.uint32),
             items.astype(np.uint32),
@@ -185,7 +192,7 @@ class BenchmarkSet:
         """What the compiled lookups take: the filter, its shift, the buckets, theirs, the fingerprints."""
         return (
             self.filter,
-            np.uint64(64 - self.bits + FILTER_WORD_BITS),
+            np.uint64(64 - (len(self.filter).bit_length() - 1)),
             self.buckets,
             np.uint64(64 - self.bits),
             self.fingerprints,

@@ -18,6 +18,7 @@ from flows.funnel import funnel_of
 from flows.params import CurateParams
 from formats.layout import STAGES
 from formats.shards import read_shard_bytes
+from tasks.safety.decontaminate import filter_word_bits
 from tasks.stage import StageResult
 from tests.flows.curate_support import column, prose_document, stage_outcomes, write_corpus
 from versioning import DataRepo
@@ -153,9 +154,11 @@ def test_curate_with_benchmarks_pii_and_blocklist_publishes_a_safe_version(tmp_p
     }
     assert web["blocked"] == {"spam": 3, "leaks": 1}
     assert web["pii"]["email"]["found"] == 12 and web["redacted_documents"] == 9  # 12 minus 3 quarantined
-    # 8 bytes per n-gram, 2**8 + 1 bucket starts (the fewest), a Bloom filter of 2**9 words
+    # 8 bytes per n-gram, 2**8 + 1 bucket starts (the fewest), a Bloom filter of 12 to 24 bits an n-gram
     distinct = report["extra"]["benchmarks"]["distinct_ngrams"]
-    assert report["extra"]["benchmarks"]["memory_bytes"] == 8 * distinct + 4 * 257 + 8 * 512
+    assert report["extra"]["benchmarks"][
+        "memory_bytes"
+    ] == 8 * distinct + 4 * 257 + 8 * 2 ** filter_word_bits(distinct)
     details = column(repo, version.tag, "quarantine/safety/web/", "detail")
     assert any("benchmark science item sci-1" in d for d in details)
     assert any("is on blocklist leaks: news.example.org/private" in d for d in details)

@@ -183,13 +183,14 @@ def test_words_of_mixed_ascii_and_unicode_texts_are_pythons_words_lower_cased():
             assert np.array_equal(grams[text_of == index], hashes), text
 
 
-def test_memory_is_eight_bytes_an_ngram_with_a_bucket_start_and_two_filter_words_a_bucket(tmp_path):
+def test_memory_is_eight_bytes_an_ngram_with_bucket_starts_and_a_filter_of_12_to_24_bits_an_ngram(tmp_path):
     rng = random.Random(1)
     items = [{"id": str(i), "question": " ".join(words(rng, 100)), "choices": []} for i in range(100)]
     benchmarks = checks_for(tmp_path, items).benchmarks
     assert benchmarks is not None
     assert benchmarks.ngrams == 100 * (100 - 13 + 1)  # 8800: 2**13 <= 8800 < 2**14
     assert benchmarks.bits == 10  # 8 to 16 n-grams a bucket
+    assert len(benchmarks.filter) == 1 << 11  # 2**11 words: the power of two at or above 12 bits an n-gram
     assert benchmarks.nbytes == 8 * benchmarks.ngrams + 4 * ((1 << 10) + 1) + 8 * (1 << 11)
     assert benchmarks.facts["qa"]["items"] == 100
 
