@@ -66,8 +66,8 @@ class Detector:
     """One type: ``pattern`` (Python, near the prefilter's hits only, see
     :mod:`tasks.safety.pii_scan`), and ``span``: the part of a match that is redacted, or None
     when the check refuses it. ``reach``: how far a match may start before a prefilter hit and
-    end after it (chars), so the Python pattern runs on those windows only; None: on the whole
-    text."""
+    end after it (bytes; characters of several bytes are allowed for after it), so the Python
+    pattern runs on those windows only; None: on the whole text."""
 
     kind: str
     pattern: re.Pattern[str]
