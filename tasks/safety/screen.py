@@ -125,19 +125,27 @@ def _contamination(
 def _rows(
     table: pa.Table, texts: pa.Array, findings: Findings, batch: BatchBytes | None, rows: list[int], cut: dict
 ) -> pa.Table:
-    """The rows of ``table`` at ``rows``, their texts redacted, or cut where ``cut`` has them (one
-    copy of their bytes: redaction and selection together)."""
-    column = redact_texts(
-        texts, findings, batch, None if len(rows) == len(texts) else np.array(rows, np.int64)
-    )
-    column = _replaced(column, {k: cut[row] for k, row in enumerate(rows) if row in cut})
-    at = table.schema.get_field_index("text")
-    others = table.remove_column(at)
-    if len(rows) < len(texts):  # a filter, as a take would first combine each column's chunks
-        chosen = np.zeros(len(texts), np.bool_)
-        chosen[rows] = True
-        others = others.filter(pa.array(chosen))
-    return others.add_column(at, table.schema.field(at), column)
+    """The rows of ``table`` at ``rows`` (ascending), their texts redacted, or cut where ``cut``
+    has them (one copy of their bytes: redaction and selection together). Rows are chosen by a
+    filter, as a take would first combine each column's chunks."""
+    chosen = None
+    if len(rows) < len(texts):
+        mask = np.zeros(len(texts), np.bool_)
+        mask[rows] = True
+        chosen = pa.array(mask)
+    at, field = table.schema.get_field_index("text"), table.schema.field("text")
+    if any(row in findings.spans for row in rows):
+        column = redact_texts(texts, findings, batch, None if chosen is None else np.array(rows, np.int64))
+        others = table.remove_column(at)
+        if chosen is not None:
+            others = others.filter(chosen)
+        table = others.add_column(at, field, column)
+    elif chosen is not None:
+        table = table.filter(chosen)
+    replaced = {k: cut[row] for k, row in enumerate(rows) if row in cut}
+    if replaced:
+        table = table.set_column(at, field, _replaced(one_array(table.column(at)), replaced))
+    return table
 
 
 def apply_safety(table: pa.Table, checks: SafetyChecks) -> tuple[pa.Table, pa.Table, SafetyStats]:
