@@ -38,6 +38,7 @@ def _class(w, x, y):
         | (U8((w | U8(32)) - U8(97)) < U8(26))
         | (w == U8(95)) | (w == U8(46)) | (w == U8(45))
         | (w == U8(32)) | (U8(w - U8(9)) < U8(5)) | (w == U8(34)) | (w == U8(39))
+        | (U8(w - U8(28)) < U8(4)) | (w >= U8(128))  # what else Python's \s may be made of
     )  # fmt: skip
     mark = (x == U8(64)) | (((x == U8(58)) | (x == U8(61))) & name_end)  # @, and : = after a name
     lead = (

@@ -27,7 +27,7 @@ import ipaddress
 import math
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,8 +66,8 @@ class Detector:
     """One type: ``pattern`` (Python, near the prefilter's hits only, see
     :mod:`tasks.safety.pii_scan`), and ``span``: the part of a match that is redacted, or None
     when the check refuses it. ``reach``: how far a match may start before a prefilter hit and
-    end after it (bytes; characters of several bytes are allowed for after it), so the Python
-    pattern runs on those windows only; None: on the whole text."""
+    end after it (characters), so the Python pattern runs on those windows only; None: on the
+    whole text."""
 
     kind: str
     pattern: re.Pattern[str]
@@ -270,19 +270,12 @@ def find_pii(texts: pa.Array, config: PiiConfig, batch: BatchBytes | None = None
     hits = _hits(batch, detectors, config)
     reader = _WindowReader(batch)
     for detector in detectors:  # in priority order, as _non_overlapping needs
-        for index, start, end in _windows(hits, detector, batch):
-            window, pos, base = reader.window(index, start, end)
-            plain = len(window) == end - base  # one byte a character
-            if detector.per_hit:
-                match = detector.pattern.match(window, pos)
-                matches = () if match is None else (match,)
-            else:
-                matches = detector.pattern.finditer(window, pos)
-            for match in matches:
-                span = detector.span(match, window, config)
-                if span is not None:
-                    first, last = span if plain else (len(window[:s].encode()) for s in span)
-                    found.setdefault(index, []).append((base + first, base + last, detector.kind))
+        matches = _per_hit(hits, detector, batch, reader) if detector.per_hit else None
+        for index, window, match, base in matches or _in_windows(hits, detector, batch, reader):
+            span = detector.span(match, window, config)
+            if span is not None:
+                first, last = span if reader.ascii[index] else (len(window[:s].encode()) for s in span)
+                found.setdefault(index, []).append((base + first, base + last, detector.kind))
     counts: Counter = Counter()
     for index, spans in found.items():
         found[index] = kept = _non_overlapping(spans)
@@ -321,10 +314,9 @@ def _hits(batch: BatchBytes, detectors: list[Detector], config: PiiConfig) -> Hi
 
 
 def _windows(hits: Hits, detector: Detector, batch: BatchBytes) -> list[tuple[int, int, int]]:
-    """``(text, start, end)``: the byte windows ``detector``'s pattern runs on: ``reach`` around
-    each of its hits, merged where they overlap; the whole text when ``reach`` is None. A
-    character after a hit may take up to four bytes: in a text that is not ASCII the reach after
-    it is four times as many bytes."""
+    """``(text, start, end)``: the byte windows ``detector``'s pattern runs on: ``reach``
+    characters around each of its hits, merged where they overlap; the whole text when
+    ``reach`` is None."""
     own = hits.detector == DETECTORS.index(detector)
     text, start, stop = hits.text[own], hits.start[own], hits.stop[own]
     lengths = np.diff(batch.offsets)[text]
@@ -337,9 +329,14 @@ def _windows(hits: Hits, detector: Detector, batch: BatchBytes) -> list[tuple[in
         return []
     before, after = detector.reach
     a = np.maximum(start - before, 0)
-    b = np.minimum(stop + np.where(batch.ascii[text], after, 4 * after), lengths)
+    b = np.minimum(stop + after, lengths)
+    wide = ~batch.ascii[text]
+    if wide.any():  # the reach in characters, as a pattern counts them
+        a[wide], b[wide] = pii_scan.char_reach(
+            batch.data, batch.offsets, text[wide], start[wide], stop[wide], before, after
+        )
     if detector.per_hit:
-        return list(zip(text.tolist(), a.tolist(), b.tolist(), strict=True))
+        return list(zip(text.tolist(), a.tolist(), b.tolist(), stop.tolist(), strict=True))
     key = text << 40  # texts apart: a window never merges into the next text's
     b = key + b
     reach = np.maximum.accumulate(b)
@@ -350,6 +347,36 @@ def _windows(hits: Hits, detector: Detector, batch: BatchBytes) -> list[tuple[in
     return list(
         zip(text[firsts].tolist(), a[firsts].tolist(), (reach[lasts] - key[lasts]).tolist(), strict=True)
     )
+
+
+Found = tuple[int, str, re.Match[str], int]  # (text, window, match, the window's first byte)
+
+
+def _in_windows(hits: Hits, detector: Detector, batch: BatchBytes, reader: _WindowReader) -> Iterator[Found]:
+    """Every match of ``detector``'s pattern in its windows."""
+    for index, start, end in _windows(hits, detector, batch):
+        window, pos, base = reader.window(index, start, end)
+        for match in detector.pattern.finditer(window, pos):
+            yield index, window, match, base
+
+
+def _per_hit(hits: Hits, detector: Detector, batch: BatchBytes, reader: _WindowReader) -> Iterator[Found]:
+    """The matches of a pattern whose hits say where a match may start (a secret's: from its
+    name to its separator): tried there only, in order, and as a search through the whole text
+    would find them: a match, taken or refused by the check, hides the hits inside it."""
+    done: dict[int, int] = {}  # text -> the byte where its last match ended
+    for index, start, end, stop in _windows(hits, detector, batch):
+        start = max(start, done.get(index, 0))
+        if start >= stop:
+            continue
+        window, pos, base = reader.window(index, start, end)
+        for at in range(pos, pos + reader.chars(index, start, stop)):
+            match = detector.pattern.match(window, at)
+            if match is not None:
+                ended = match.end() if reader.ascii[index] else len(window[: match.end()].encode())
+                done[index] = base + ended
+                yield index, window, match, base
+                break
 
 
 class _WindowReader:
@@ -373,6 +400,13 @@ class _WindowReader:
         base, start, end = (self._char_edge(first + at, stop) - first for at in (base, start, end))
         window = str(self.bytes[first + base : first + end], "utf-8", "replace")
         return window, len(str(self.bytes[first + base : first + start], "utf-8", "replace")), base
+
+    def chars(self, index: int, start: int, end: int) -> int:
+        """The characters of bytes ``start .. end`` of text ``index``."""
+        if self.ascii[index]:
+            return end - start
+        first = self.offsets[index]
+        return len(str(self.bytes[first + start : first + end], "utf-8", "replace"))
 
     def _char_edge(self, at: int, stop: int) -> int:
         """``at``, or past the UTF-8 continuation bytes there (before ``stop``)."""

@@ -61,6 +61,13 @@ def _is_space(b):
 
 
 @numba.njit(cache=True)
+def _maybe_space(b):
+    """Whether ``b`` may be (part of) what Python's ``\\s`` matches: an ASCII space, ``\\x1c`` to
+    ``\\x1f``, or a byte of a character that is not ASCII (NBSP, U+3000, ...)."""
+    return _is_space(b) or 28 <= b <= 31 or b >= 128
+
+
+@numba.njit(cache=True)
 def _run_of(data, at, stop, kind):
     """How many bytes from ``at`` (before ``stop``) are of ``kind``: 0 upper-case letters or
     digits, 1 letters or digits, 2 letters, digits or ``_``, 3 letters, digits or ``-``,
@@ -148,7 +155,7 @@ def _name_byte_before(data, first, sep):
     past spaces and a quote: what the secret pattern needs there, and most ``:`` and ``=`` of
     code lack (``):``, ``==``, ``] =``)."""
     at = sep - 1
-    while at >= first and _is_space(data[at]):
+    while at >= first and _maybe_space(data[at]):
         at -= 1
     if at >= first and (data[at] == 34 or data[at] == 39):
         at -= 1
@@ -161,7 +168,7 @@ def _secret_name_before(data, first, sep, names, lengths):
     before ``sep`` (past spaces and a quote), else -1: where the secret pattern's match for
     this ``sep`` starts, if it has one."""
     at = sep - 1
-    while at >= first and _is_space(data[at]):
+    while at >= first and _maybe_space(data[at]):
         at -= 1
     if at >= first and (data[at] == 34 or data[at] == 39):
         at -= 1
@@ -192,7 +199,7 @@ def _secret_name_before(data, first, sep, names, lengths):
 def _secret_value_after(data, at, stop, min_chars):
     """Whether a value the secret pattern takes follows ``at``: spaces, then a quoted run of at
     least ``min_chars`` bytes without quotes or spaces, or 16 bare ``[A-Za-z0-9+/=_-]``."""
-    while at < stop and _is_space(data[at]):
+    while at < stop and _maybe_space(data[at]):
         at += 1
     if at >= stop:
         return False
@@ -348,6 +355,16 @@ def _ipv4_at(data, first, stop, starts, ends, r):
     return not (a == 127 and b == 0 and c == 0 and d == 1)
 
 
+@numba.njit(cache=True, inline="always")
+def _wide_near(data, first, stop, start, end):
+    """Whether a byte of a character that is not ASCII lies within two bytes of ``start .. end``
+    (a digit Python's ``\\d`` takes may extend the chain there)."""
+    before = (start - 1 >= first and data[start - 1] >= 128) or (
+        start - 2 >= first and data[start - 2] >= 128
+    )
+    return before or (end < stop and data[end] >= 128) or (end + 1 < stop and data[end + 1] >= 128)
+
+
 @numba.njit(cache=True)
 def _card_in(data, first, stop, starts, ends, r, last):
     """Whether a card number the pattern and check accept may lie in the chain of digit runs
@@ -464,7 +481,12 @@ def pii_hits(
             while last + 1 < runs and starts[last + 1] - ends[last] == 1 and data[ends[last]] in (32, 45):
                 last += 1
                 total += ends[last] - starts[last]
-            if active[CARD_NUMBER] and total >= 13 and _card_in(data, first, stop, starts, ends, r, last):
+            wide = _wide_near(data, first, stop, starts[r], ends[last])  # Python's \d has more digits
+            if (
+                active[CARD_NUMBER]
+                and total >= 13
+                and (wide or _card_in(data, first, stop, starts, ends, r, last))
+            ):
                 count = _push(hits, count, CARD_NUMBER, t, starts[r], ends[last])
             r = last + 1
         for r in range(runs):
@@ -484,6 +506,32 @@ def pii_hits(
                     start = max(starts[a], ends[a] - 4)
                     count = _push(hits, count, PHONE, t, start, min(ends[c], starts[c] + 4))
     return count, hits
+
+
+@numba.njit(cache=True)
+def char_reach(data, offsets, text, start, stop, before, after):
+    """Per hit (``text``, bytes ``start .. stop`` of it): the byte ``before`` characters before
+    its start and the byte ``after`` characters past its stop (within the text): the window a
+    pattern runs on, in a text whose characters may take several bytes."""
+    first_out = np.empty(len(text), np.int64)
+    end_out = np.empty(len(text), np.int64)
+    for k in range(len(text)):
+        first, end = offsets[text[k]], offsets[text[k] + 1]
+        at, chars = first + start[k], 0
+        while at > first and chars < before:
+            at -= 1
+            chars += (data[at] & 0xC0) != 0x80
+        while at > first and (data[at] & 0xC0) == 0x80:
+            at -= 1
+        first_out[k] = at - first
+        at, chars = first + stop[k], 0
+        while at < end and chars < after:
+            at += 1
+            while at < end and (data[at] & 0xC0) == 0x80:
+                at += 1
+            chars += 1
+        end_out[k] = at - first
+    return first_out, end_out
 
 
 LITERALS = tuple(

@@ -215,3 +215,35 @@ def test_texts_with_characters_of_several_bytes_are_redacted_at_the_right_charac
         'password = "<SECRET>" ende',
         "plain <EMAIL>",
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # an ASCII window ending in a character of several bytes: spans stay on characters
+        ("1.2.3.4         5.6.7.\u0664", "<IP_ADDRESS>         5.6.7.\u0664"),
+        # a window is as many characters as the reach, not bytes: nothing is cut mid-number
+        ("\u00e9 1.2.3.4         5.6.7.1234", "\u00e9 <IP_ADDRESS>         5.6.7.1234"),
+        ("\u00e9 555 123 4567,+1 (5) 123 45678", "\u00e9 <PHONE>,+1 (5) 123 45678"),
+        # Python's \d takes other digits: the window still reaches them
+        ("+\uff19\uff16\uff16-093-892-5322", "<PHONE>"),
+        ("card 4111 1111 1111 113\u0663 ok", "card <CARD_NUMBER> ok"),
+        # a match, taken or refused, hides the names inside it, as one search through the text
+        (
+            'token: aaaaaaaaaaaaaaaapassword: "Q8f3kLm9Zp2XvB7n"',
+            'token: aaaaaaaaaaaaaaaapassword: "Q8f3kLm9Zp2XvB7n"',
+        ),
+        ('password="test_token=Q8f3kLm9Zp2XvB7nR4tW"', 'password="test_token=Q8f3kLm9Zp2XvB7nR4tW"'),
+        # Python's \s takes more than ASCII spaces before a separator
+        (
+            'password = "Q8f3kLm9Zp2X" token\u00a0= "Zp2XvB7nR4tWQ8f3"',
+            'password = "<SECRET>" token\u00a0= "<SECRET>"',
+        ),
+        (
+            'password = "Q8f3kLm9Zp2X" token\x1f= "Zp2XvB7nR4tWQ8f3"',
+            'password = "<SECRET>" token\x1f= "<SECRET>"',
+        ),
+    ],
+)
+def test_windows_match_what_the_patterns_find_in_the_whole_text(text, expected):
+    assert redacted(text) == expected
