@@ -493,10 +493,11 @@ def pii_hits(
             dotted = r + 3 < runs and starts[r + 1] - ends[r] == 1 and data[ends[r]] == 46
             if active[IP_ADDRESS] and dotted and _ipv4_at(data, first, stop, starts, ends, r):
                 count = _push(hits, count, IP_ADDRESS, t, starts[r], ends[r + 3])
-            if active[PHONE] and r + 2 < runs:  # \d{2,4}[ .)-]+\d{3,4}[ .-]\d{3,4}
+            if active[PHONE] and r + 2 < runs:  # (\d{1,4}) or \d{2,4}, [ .)-]+\d{3,4}[ .-]\d{3,4}
                 a, b_, c = r, r + 1, r + 2
+                parenthesised = starts[a] > first and data[starts[a] - 1] == 40 and data[ends[a]] == 41
                 if (
-                    ends[a] - starts[a] >= 2
+                    (ends[a] - starts[a] >= 2 or parenthesised)
                     and 3 <= ends[b_] - starts[b_] <= 4
                     and ends[c] - starts[c] >= 3
                     and starts[c] - ends[b_] == 1

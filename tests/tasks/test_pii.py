@@ -50,6 +50,7 @@ def redacted(text: str, config: PiiConfig | None = None) -> str:
         ),
         ("Call +1 415 555 2671 or (415) 555-2671.", "Call <PHONE> or <PHONE>."),
         ("Ring our London desk on +44 20 7946 0958.", "Ring our London desk on <PHONE>."),
+        ("Or the island line, +1 (5) 123 4567.", "Or the island line, <PHONE>."),
         ("Card 4111 1111 1111 1111 expires soon.", "Card <CARD_NUMBER> expires soon."),
         ("Paid with 5500-0000-0000-0004 yesterday.", "Paid with <CARD_NUMBER> yesterday."),
         ("Amex 3782 822463 10005, ref 99", "Amex <CARD_NUMBER>, ref 99"),
