@@ -270,8 +270,8 @@ def find_pii(texts: pa.Array, config: PiiConfig, batch: BatchBytes | None = None
     hits = _hits(batch, detectors, config)
     reader = _WindowReader(batch)
     for detector in detectors:  # in priority order, as _non_overlapping needs
-        matches = _per_hit(hits, detector, batch, reader) if detector.per_hit else None
-        for index, window, match, base in matches or _in_windows(hits, detector, batch, reader):
+        search = _per_hit if detector.per_hit else _in_windows
+        for index, window, match, base in search(hits, detector, batch, reader):
             span = detector.span(match, window, config)
             if span is not None:
                 first, last = span if reader.ascii[index] else (len(window[:s].encode()) for s in span)
@@ -313,10 +313,11 @@ def _hits(batch: BatchBytes, detectors: list[Detector], config: PiiConfig) -> Hi
     return Hits(kind[order], text[order], start[order], end[order])
 
 
-def _windows(hits: Hits, detector: Detector, batch: BatchBytes) -> list[tuple[int, int, int]]:
+def _windows(hits: Hits, detector: Detector, batch: BatchBytes) -> list[tuple[int, ...]]:
     """``(text, start, end)``: the byte windows ``detector``'s pattern runs on: ``reach``
     characters around each of its hits, merged where they overlap; the whole text when
-    ``reach`` is None."""
+    ``reach`` is None. A ``per_hit`` detector's are not merged, and say where the hit stops:
+    ``(text, start, end, stop)``."""
     own = hits.detector == DETECTORS.index(detector)
     text, start, stop = hits.text[own], hits.start[own], hits.stop[own]
     lengths = np.diff(batch.offsets)[text]
@@ -383,7 +384,6 @@ class _WindowReader:
     """Windows of a batch's texts as strings, decoded from its bytes in place."""
 
     def __init__(self, batch: BatchBytes):
-        self.data = batch.data
         self.bytes = memoryview(batch.data)
         self.offsets = batch.offsets.tolist()
         self.ascii = batch.ascii.tolist()

@@ -69,9 +69,15 @@ def _find(gram, buckets, shift, fingerprints):
     """Where ``gram`` is in the set (its index in ``fingerprints``), or -1: its bucket (the top
     bits) bounds the fingerprints (the low 32 bits) to compare."""
     bucket = gram >> shift
-    low = np.uint32(gram & LOW32)
-    for at in range(buckets[bucket], buckets[bucket + 1]):
-        if fingerprints[at] == low:
+    return _in_bucket(gram, fingerprints, buckets[bucket], buckets[bucket + 1])
+
+
+@numba.njit(cache=True, inline="always")
+def _in_bucket(gram, fingerprints, low, high):
+    """Where ``gram``'s fingerprint (its low 32 bits) is among ``fingerprints[low:high]``, or -1."""
+    fingerprint = np.uint32(gram & LOW32)
+    for at in range(low, high):
+        if fingerprints[at] == fingerprint:
             return at
     return -1
 
@@ -333,13 +339,11 @@ def find_ngrams(
             bucket = grams[passed[k]] >> shift
             low[k], high[k] = buckets[bucket], buckets[bucket + 1]
         for k in range(kept):
-            fingerprint = np.uint32(grams[passed[k]] & LOW32)
-            for at in range(low[k], high[k]):
-                if fingerprints[at] == fingerprint:
-                    if count < capacity:
-                        hit_text[count], hit_word[count], hit_at[count] = t, passed[k], at
-                    count += 1
-                    break
+            at = _in_bucket(grams[passed[k]], fingerprints, low[k], high[k])
+            if at >= 0:
+                if count < capacity:
+                    hit_text[count], hit_word[count], hit_at[count] = t, passed[k], at
+                count += 1
     return count, hit_text, hit_word, hit_at
 
 
@@ -373,20 +377,3 @@ def grams_in_set(word_hashes, n, filter_words, filter_shift, buckets, shift, fin
             and _find(grams[i], buckets, shift, fingerprints) >= 0
         )
     return hit
-
-
-@numba.njit(cache=True)
-def char_offsets(data, offsets, text, at):
-    """Per ``(text, byte offset in it)``, sorted by text then offset: the offset in characters
-    (the bytes before it that start a UTF-8 character)."""
-    out = np.empty(len(at), np.int64)
-    current, scanned, continuations = -1, 0, 0
-    for k in range(len(at)):
-        if text[k] != current:
-            current, scanned, continuations = text[k], offsets[text[k]], 0
-        target = offsets[current] + at[k]
-        while scanned < target:
-            continuations += (data[scanned] & 0xC0) == 0x80
-            scanned += 1
-        out[k] = at[k] - continuations
-    return out

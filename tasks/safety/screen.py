@@ -1,8 +1,9 @@
 """The safety checks as one pure function over an Arrow batch: blocked URLs, benchmark
 contamination, personal data and secrets.
 
-Redaction comes first and applies to every document, kept or quarantined, so no copy of a
-found secret is written anywhere (the quarantine keeps the reason and the redacted text).
+The blocklists come first (they read the metas only); redaction applies to every document,
+kept or quarantined, so no copy of a found secret is written anywhere (the quarantine keeps the
+reason and the redacted text).
 Then each document gets at most one reason, in this order: ``blocked_url``, ``contaminated``,
 ``secret`` (a credential type in quarantine mode), ``pii`` (a personal type in quarantine mode).
 A blocked document is quarantined whatever else it holds, so it is not checked against the
