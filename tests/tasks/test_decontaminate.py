@@ -169,6 +169,8 @@ def test_words_of_mixed_ascii_and_unicode_texts_are_pythons_words_lower_cased():
               "plain", "ASCII", "w0rd5", "1234567890abcdefghij", "é", "—", " ", "\n", ", ", "_", "--"]  # fmt: skip
     texts = ["".join(rng.choice(pieces) for _ in range(rng.randrange(0, 60))) for _ in range(200)]
     texts += ["only ascii words here", "", "ü"]
+    # ASCII texts with words of every length from 1 to 41 bytes (their bytes past the eighth)
+    texts += [" ".join("Ab9" * k + "x" * j for k in range(14) for j in range(3)), "z" * 41]
     batch = batch_bytes(pa.array(texts, pa.string()))
     assert not batch.ascii.all() and batch.ascii.any()
     grams, text_of, counts = ngram_hashes(
