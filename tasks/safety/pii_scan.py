@@ -20,6 +20,10 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 from tasks.safety.bitmaps import BLOCK_SHIFT, block_of, set_runs
 
 PRIVATE_KEY, AWS_KEY, TOKEN, SECRET, EMAIL, CARD_NUMBER, IP_ADDRESS, PHONE = range(8)
+IPV4_EXACT, EMAIL_EXACT = 8, 9
+"""Hits whose span is the pattern's match (an IPv4 address with ASCII bytes around it: all its
+check but the look at the words before, a version string; an e-mail address: all but the
+allowed domains), so no window is searched for them."""
 ONE, ZERO = np.uint64(1), np.uint64(0)
 SECRET_LOOKBACK = 256  # bytes from a name's start to its "=" (longer ones are not looked for)
 NAMES = (
@@ -33,6 +37,31 @@ NAME_BYTES = np.zeros((len(NAMES), max(map(len, NAMES))), np.uint8)
 NAME_LENGTHS = np.array([len(n) for n in NAMES], np.int64)
 for _row, _name in enumerate(NAMES):
     NAME_BYTES[_row, : len(_name)] = np.frombuffer(_name.encode(), np.uint8)
+
+
+def _byte_classes() -> np.ndarray:
+    """Per byte, the classes it is in (bit flags): one load where a chain of compares would
+    mispredict on code's many ``=`` and ``:``."""
+    classes = np.zeros(256, np.uint8)
+    for b in range(256):
+        ch = chr(b)
+        alnum = ch.isascii() and ch.isalnum()
+        space = b == 32 or 9 <= b <= 13
+        classes[b] = (
+            (NAME if alnum or ch in "_.-" else 0)
+            | (VALUE if alnum or ch in "+/=_-" else 0)
+            | (MAYBE_SPACE if space or 28 <= b <= 31 or b >= 128 else 0)
+            | (SPACE if space else 0)
+            | (LOCAL if alnum or ch in "._%+-" else 0)
+        )
+    return classes
+
+
+NAME, VALUE, MAYBE_SPACE, SPACE, LOCAL = 1, 2, 4, 8, 16
+"""``[A-Za-z0-9_.-]`` (a secret-like name's bytes), ``[A-Za-z0-9+/=_-]`` (a bare value's),
+what Python's ``\\s`` may match (see :func:`_maybe_space`), an ASCII space, an e-mail local
+part's ``[A-Za-z0-9._%+-]``."""
+BYTE_CLASSES = _byte_classes()
 
 
 @numba.njit(cache=True)
@@ -155,11 +184,11 @@ def _name_byte_before(data, first, sep):
     past spaces and a quote: what the secret pattern needs there, and most ``:`` and ``=`` of
     code lack (``):``, ``==``, ``] =``)."""
     at = sep - 1
-    while at >= first and _maybe_space(data[at]):
+    while at >= first and BYTE_CLASSES[data[at]] & MAYBE_SPACE:
         at -= 1
     if at >= first and (data[at] == 34 or data[at] == 39):
         at -= 1
-    return at >= first and (_is_alnum(data[at]) or data[at] == 95 or data[at] == 46 or data[at] == 45)
+    return at >= first and BYTE_CLASSES[data[at]] & NAME != 0
 
 
 @numba.njit(cache=True)
@@ -168,13 +197,13 @@ def _secret_name_before(data, first, sep, names, lengths):
     before ``sep`` (past spaces and a quote), else -1: where the secret pattern's match for
     this ``sep`` starts, if it has one."""
     at = sep - 1
-    while at >= first and _maybe_space(data[at]):
+    while at >= first and BYTE_CLASSES[data[at]] & MAYBE_SPACE:
         at -= 1
     if at >= first and (data[at] == 34 or data[at] == 39):
         at -= 1
     end = at + 1
     low = max(first, sep - SECRET_LOOKBACK)
-    while at >= low and (_is_alnum(data[at]) or data[at] in (95, 46, 45)):
+    while at >= low and BYTE_CLASSES[data[at]] & NAME:
         at -= 1
     start = at + 1
     for i in range(start, end):
@@ -199,23 +228,22 @@ def _secret_name_before(data, first, sep, names, lengths):
 def _secret_value_after(data, at, stop, min_chars):
     """Whether a value the secret pattern takes follows ``at``: spaces, then a quoted run of at
     least ``min_chars`` bytes without quotes or spaces, or 16 bare ``[A-Za-z0-9+/=_-]``."""
-    while at < stop and _maybe_space(data[at]):
+    while at < stop and BYTE_CLASSES[data[at]] & MAYBE_SPACE:
         at += 1
     if at >= stop:
         return False
     quote = data[at]
     if quote == 34 or quote == 39:
         end = at + 1
-        while end < stop and data[end] != 34 and data[end] != 39 and not _is_space(data[end]):
+        while end < stop and data[end] != 34 and data[end] != 39 and not BYTE_CLASSES[data[end]] & SPACE:
             end += 1
         return end < stop and data[end] == quote and end - at - 1 >= min_chars
-    count = 0
-    while at + count < stop and count < 16:
-        b = data[at + count]
-        if not (_is_alnum(b) or b in (43, 47, 61, 95, 45)):
-            break
-        count += 1
-    return count >= 16
+    if at + 16 > stop:
+        return False
+    every = VALUE
+    for k in range(16):  # all sixteen, without a branch: most values end within a few bytes
+        every &= BYTE_CLASSES[data[at + k]]
+    return every != 0
 
 
 @numba.njit(cache=True, inline="always")
@@ -303,6 +331,49 @@ def _email_around(data, at, first, stop):
 
 
 @numba.njit(cache=True)
+def _email_match(data, at, start, end, first, stop):
+    """``(EMAIL_EXACT, where the pattern's match ends)`` for the address around the ``@`` at
+    ``at`` (``start .. end``: its local-part and domain runs, from :func:`_email_around`),
+    ``(-1, -1)`` when the pattern has no match there, or ``(EMAIL, end)`` when its window is to
+    be searched: a run that may hold another address's domain (an ``@`` just before or after it,
+    so one search through the text may have taken those bytes already), or a ``\\b`` that
+    reads a character that is not ASCII.
+
+    The match: a local part of 1 to 64 bytes (the whole run: the look-behind forbids starting
+    inside it), labels of 1 to 63 bytes, each before a ``.``, as many as the pattern can take,
+    then a top-level domain: the letters that start the next part, 2 to 24 of them, before no
+    word character."""
+    if at - start > 64:
+        return -1, -1
+    after = end
+    while after < stop and _is_local(data[after]):
+        after += 1
+    if (start > first and data[start - 1] == 64) or (after < stop and data[after] == 64):
+        return EMAIL, end
+    result, part, labels_ok = -1, at + 1, True
+    while labels_ok and part < end:
+        dot = part
+        while dot < end and data[dot] != 46:
+            dot += 1
+        if part > at + 1:  # a top-level domain here, after the labels before it
+            letters = part
+            while letters < end and (65 <= data[letters] <= 90 or 97 <= data[letters] <= 122):
+                letters += 1
+            if 2 <= letters - part <= 24:
+                if letters < end:  # "-" or "." ends it; a digit is a word character
+                    bounded = data[letters] == 45 or data[letters] == 46
+                elif end == stop or data[end] < 128:
+                    bounded = end == stop or not (_is_alnum(data[end]) or data[end] == 95)
+                else:
+                    return EMAIL, end
+                if bounded:
+                    result = letters
+        labels_ok = 1 <= dot - part <= 63 and dot < end
+        part = dot + 1
+    return (EMAIL_EXACT, result) if result >= 0 else (-1, -1)
+
+
+@numba.njit(cache=True)
 def _gap_is(data, a, b, c0, c1, c2, c3):
     """Whether every byte of ``data[a:b]`` (at least one) is one of the four."""
     if b <= a:
@@ -353,6 +424,18 @@ def _ipv4_at(data, first, stop, starts, ends, r):
     if a == b == c == d and (a == 0 or a == 255):
         return False
     return not (a == 127 and b == 0 and c == 0 and d == 1)
+
+
+@numba.njit(cache=True, inline="always")
+def _ascii_around(data, first, stop, start, end):
+    """Whether the byte before ``start .. end`` and the two after it (those the IPv4 pattern's
+    look-behind and look-ahead read) are ASCII, or the text's edge: Python's ``\\w`` is then
+    ASCII's."""
+    return (
+        (start == first or data[start - 1] < 128)
+        and (end >= stop or data[end] < 128)
+        and (end + 1 >= stop or data[end + 1] < 128)
+    )
 
 
 @numba.njit(cache=True, inline="always")
@@ -452,18 +535,21 @@ def pii_hits(
                     if active[EMAIL]:
                         start, end = _email_around(data, at, first, stop)
                         if start >= 0:
-                            count = _push(hits, count, EMAIL, t, start, end)
+                            kind, last = _email_match(data, at, start, end, first, stop)
+                            if kind >= 0:
+                                count = _push(hits, count, kind, t, start, last)
                 elif b == 58 or b == 61:  # : =
                     if active[IP_ADDRESS] and b == 58 and _ipv6_lead(data, at, first, stop):
                         start, end = _ipv6_run(data, at, first, stop)
                         if start >= 0:
                             count = _push(hits, count, IP_ADDRESS, t, start, end)
-                    if active[SECRET] and _name_byte_before(data, first, at):
+                    if active[SECRET]:  # the value first: code's ``=`` and ``:`` mostly have a name before
                         nxt = _byte(data, at + 1)
                         two = (b == 58 and nxt == 61) or (b == 61 and nxt == 62)  # := =>
-                        if _secret_value_after(data, at + 1, stop, min_secret_chars) or (
+                        valued = _secret_value_after(data, at + 1, stop, min_secret_chars) or (
                             two and _secret_value_after(data, at + 2, stop, min_secret_chars)
-                        ):
+                        )
+                        if valued and _name_byte_before(data, first, at):
                             start = _secret_name_before(data, first, at, names, lengths)
                             if start >= 0:
                                 count = _push(hits, count, SECRET, t, start, at + 1 + two)
@@ -492,7 +578,8 @@ def pii_hits(
         for r in range(runs):
             dotted = r + 3 < runs and starts[r + 1] - ends[r] == 1 and data[ends[r]] == 46
             if active[IP_ADDRESS] and dotted and _ipv4_at(data, first, stop, starts, ends, r):
-                count = _push(hits, count, IP_ADDRESS, t, starts[r], ends[r + 3])
+                exact = _ascii_around(data, first, stop, starts[r], ends[r + 3])
+                count = _push(hits, count, IPV4_EXACT if exact else IP_ADDRESS, t, starts[r], ends[r + 3])
             if active[PHONE] and r + 2 < runs:  # (\d{1,4}) or \d{2,4}, [ .)-]+\d{3,4}[ .-]\d{3,4}
                 a, b_, c = r, r + 1, r + 2
                 parenthesised = starts[a] > first and data[starts[a] - 1] == 40 and data[ends[a]] == 41
