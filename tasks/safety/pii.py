@@ -3,7 +3,7 @@
 Each type is a detector: a prefilter (all types' at once, one compiled pass over the batch's
 bitmaps, :mod:`tasks.safety.pii_scan`: most documents contain nothing, and leave here after
 it), then a Python pattern and a check on the windows around that type's hits only (Luhn for
-cards, octet ranges for IPv4, ``ipaddress`` for IPv6, Shannon entropy for values of
+cards, octet ranges for IPv4, the socket module's parser for IPv6, Shannon entropy for values of
 secret-like names).
 
 Why not detect-secrets: its plugins scan line by line in Python, every plugin on every line;
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import bisect
 import functools
-import ipaddress
 import math
 import re
+import socket
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -122,11 +122,21 @@ def _ipv6(match: re.Match[str], text: str, config: PiiConfig) -> bool:
     groups = [g for g in candidate.split(":") if g]
     if len(groups) < (8 if "::" not in candidate else 3) or not any(c.isdigit() for c in candidate):
         return False
+    packed = ipv6_packed(candidate)
+    return packed is not None and packed not in (IPV6_LOOPBACK, IPV6_UNSPECIFIED)
+
+
+IPV6_LOOPBACK, IPV6_UNSPECIFIED = bytes(15) + b"\x01", bytes(16)
+
+
+def ipv6_packed(candidate: str) -> bytes | None:
+    """The 16 bytes of an IPv6 address, or None if it is none. The C parser of the socket
+    module: on the pattern's runs of hex digits and colons it accepts what ``ipaddress`` does
+    (a test compares them), in 0.35 µs against ipaddress's 7 µs here (most of the IPv6 check's time)."""
     try:
-        address = ipaddress.IPv6Address(candidate)
-    except ValueError:
-        return False
-    return not (address.is_loopback or address.is_unspecified)
+        return socket.inet_pton(socket.AF_INET6, candidate)
+    except OSError:
+        return None
 
 
 def _email(match: re.Match[str], text: str, config: PiiConfig) -> bool:

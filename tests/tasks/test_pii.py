@@ -4,13 +4,14 @@ copy of a secret in the quarantine."""
 
 from __future__ import annotations
 
+import ipaddress
 import random
 
 import pyarrow as pa
 import pytest
 
 from tasks.safety.config import PiiConfig, SafetyConfig
-from tasks.safety.pii import DETECTORS, _non_overlapping, find_pii, luhn, redact_texts
+from tasks.safety.pii import DETECTORS, _non_overlapping, find_pii, ipv6_packed, luhn, redact_texts
 from tasks.safety.screen import SafetyChecks, apply_safety
 from tests.tasks.safety_support import documents
 
@@ -287,3 +288,18 @@ def test_found_spans_are_what_the_patterns_find_in_the_whole_text_of_generated_t
     assert {"email", "ip_address", "aws_key", "secret"} <= set(found.counts)
     for index, text in enumerate(texts):
         assert found.spans.get(index, []) == whole_text_spans(text, config), text
+
+
+def test_ipv6_parser_accepts_what_ipaddress_accepts_on_runs_of_hex_digits_and_colons():
+    rng = random.Random(5)
+    groups = ("", "0", "1", "ff", "ffff", "fffff", "db8", "0000")
+    candidates = [":".join(rng.choice(groups) for _ in range(rng.randint(2, 10))) for _ in range(50_000)]
+    valid = 0
+    for candidate in candidates:
+        try:
+            expected = ipaddress.IPv6Address(candidate).packed
+            valid += 1
+        except ValueError:
+            expected = None
+        assert ipv6_packed(candidate) == expected, candidate
+    assert valid > 1000
