@@ -299,8 +299,9 @@ def find_pii(texts: pa.Array, config: PiiConfig, batch: BatchBytes | None = None
 
 @dataclass(frozen=True)
 class Hits:
-    """Every prefilter hit of a batch: its detector (index in DETECTORS), its text and its bytes
-    there, sorted by detector, text and start."""
+    """Every prefilter hit of a batch: its detector (index in DETECTORS, or one of the exact
+    kinds of :mod:`tasks.safety.pii_scan`), its text and its bytes there, sorted by detector,
+    text and start."""
 
     detector: np.ndarray
     text: np.ndarray

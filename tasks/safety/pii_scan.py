@@ -8,7 +8,8 @@ an IPv4 address or a phone number is a chain of digit runs (from the digit bitma
 other types start at an event byte (``@``, ``:``, ``=``, or the two-byte start of a prefix).
 
 Hits: ``(type, text, start, stop)`` in bytes of the batch; a type's index is its place in
-:data:`tasks.safety.pii.DETECTORS` (the ``KIND_*`` constants below follow that order).
+:data:`tasks.safety.pii.DETECTORS` (the constants below follow that order), or ``IPV4_EXACT`` /
+``EMAIL_EXACT`` for a hit whose span is already the pattern's match.
 """
 
 from __future__ import annotations
