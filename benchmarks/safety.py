@@ -283,9 +283,8 @@ def main() -> None:
         work = Path(tmp)
         documents = corpus(work)
         checks = safety_checks(work, args.items, documents)
-        paired(
-            documents, filters, checks, 1
-        )  # warm-up: each source's first batch loads its models and patterns
+        # warm-up: each source's first batch loads its models and patterns
+        paired(documents, filters, checks, 1)
         n, without, with_checks, each_repeat = paired(documents, filters, checks, args.repeats)
         rate_without, rate_with = n / without, n / with_checks
         alone = parts(documents, filters, checks)

@@ -60,8 +60,9 @@ def _byte_classes() -> np.ndarray:
 
 NAME, VALUE, MAYBE_SPACE, SPACE, LOCAL = 1, 2, 4, 8, 16
 """``[A-Za-z0-9_.-]`` (a secret-like name's bytes), ``[A-Za-z0-9+/=_-]`` (a bare value's),
-what Python's ``\\s`` may match (see :func:`_maybe_space`), an ASCII space, an e-mail local
-part's ``[A-Za-z0-9._%+-]``."""
+a byte that may be (part of) what Python's ``\\s`` matches (an ASCII space, ``\\x1c`` to
+``\\x1f``, or a byte of a character that is not ASCII: NBSP, U+3000, ...), an ASCII space, an
+e-mail local part's ``[A-Za-z0-9._%+-]``."""
 BYTE_CLASSES = _byte_classes()
 
 
@@ -83,18 +84,6 @@ def _is_alnum(b):
 @numba.njit(cache=True)
 def _is_hex(b):
     return _is_digit(b) or 65 <= b <= 70 or 97 <= b <= 102
-
-
-@numba.njit(cache=True)
-def _is_space(b):
-    return b == 32 or 9 <= b <= 13
-
-
-@numba.njit(cache=True)
-def _maybe_space(b):
-    """Whether ``b`` may be (part of) what Python's ``\\s`` matches: an ASCII space, ``\\x1c`` to
-    ``\\x1f``, or a byte of a character that is not ASCII (NBSP, U+3000, ...)."""
-    return _is_space(b) or 28 <= b <= 31 or b >= 128
 
 
 @numba.njit(cache=True)
@@ -305,17 +294,12 @@ def _ipv6_run(data, colon, first, stop):
 
 
 @numba.njit(cache=True)
-def _is_local(b):
-    return _is_alnum(b) or b in (46, 95, 37, 43, 45)  # . _ % + -
-
-
-@numba.njit(cache=True)
 def _email_around(data, at, first, stop):
     """``(start, stop)`` of the run of local-part bytes before the ``@`` at ``at`` and of domain
     bytes after it, when ``[A-Za-z0-9._%+-]@[A-Za-z0-9-]+\\.`` matches there (the prefilter this
     replaces), else ``(-1, -1)``: an address the pattern finds lies inside (its local part
     starts where such a run does, its domain is such bytes)."""
-    if at - 1 < first or not _is_local(data[at - 1]):
+    if at - 1 < first or not BYTE_CLASSES[data[at - 1]] & LOCAL:
         return -1, -1
     label = at + 1
     while label < stop and (_is_alnum(data[label]) or data[label] == 45):
@@ -323,7 +307,7 @@ def _email_around(data, at, first, stop):
     if label == at + 1 or label >= stop or data[label] != 46:
         return -1, -1
     start = at - 1
-    while start > first and _is_local(data[start - 1]):
+    while start > first and BYTE_CLASSES[data[start - 1]] & LOCAL:
         start -= 1
     end = label
     while end < stop and (_is_alnum(data[end]) or data[end] == 45 or data[end] == 46):
@@ -347,7 +331,7 @@ def _email_match(data, at, start, end, first, stop):
     if at - start > 64:
         return -1, -1
     after = end
-    while after < stop and _is_local(data[after]):
+    while after < stop and BYTE_CLASSES[data[after]] & LOCAL:
         after += 1
     if (start > first and data[start - 1] == 64) or (after < stop and data[after] == 64):
         return EMAIL, end
